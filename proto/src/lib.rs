@@ -104,3 +104,29 @@ pub const TTRPC_MAX_MESSAGE: usize = 4 << 20;
 
 #[cfg(test)]
 mod codec_tests;
+
+pub mod transport {
+    //! Glue between the [`mux`](crate::mux) and ttrpc-rust: a ttrpc client on
+    //! one logical connection, a ttrpc listener that yields exactly one.
+
+    use futures::StreamExt as _;
+    use ttrpc::asynchronous::{
+        Client,
+        transport::{Listener, Socket},
+    };
+
+    use crate::mux::MuxConn;
+
+    /// A ttrpc client speaking over one logical connection.
+    pub fn client(conn: MuxConn) -> Client {
+        Client::new(Socket::new(conn))
+    }
+
+    /// A ttrpc listener that accepts `conn` once and then never again (but
+    /// stays open, so the server keeps serving it).
+    pub fn listener(conn: MuxConn) -> Listener {
+        Listener::new(
+            futures::stream::once(async move { Ok(conn) }).chain(futures::stream::pending()),
+        )
+    }
+}

@@ -1,0 +1,93 @@
+//! Options of an [`Adaptation`](crate::Adaptation).
+
+use std::{collections::HashMap, path::PathBuf, time::Duration};
+
+/// What happens to a runtime request when a plugin does not answer in time
+/// or its connection breaks while the request is in flight.
+///
+/// A plugin's own error reply always fails the request (NRI semantics);
+/// this policy only covers the cases where the plugin gave no verdict.
+///
+/// | policy | request | plugin |
+/// |---|---|---|
+/// | [`Ignore`](FailurePolicy::Ignore) (default, = upstream NRI) | continues without the plugin's reply | closed and removed, so later requests are not delayed by it |
+/// | [`Fail`](FailurePolicy::Fail) | fails with an error naming the plugin | stays registered after a timeout (it is slow, not broken); removed if its connection broke |
+///
+/// `Fail` suits plugins whose adjustments a container must not run
+/// without (e.g. CPU pinning by koordlet, whose per-plugin failure policy
+/// this mirrors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailurePolicy {
+    /// Continue without the plugin; drop it.
+    #[default]
+    Ignore,
+    /// Fail the request; keep a slow plugin.
+    Fail,
+}
+
+/// Settings of an adaptation. Defaults are NRI's.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Socket external plugins dial (default `/var/run/nri/nri.sock`).
+    pub socket_path: PathBuf,
+    /// Directory of pre-installed plugins to launch (default `/opt/nri/plugins`).
+    pub plugin_path: PathBuf,
+    /// Directory of drop-in configuration for them (default `/etc/nri/conf.d`).
+    pub plugin_config_path: PathBuf,
+    /// Time a plugin has to register after connecting (default 5 s).
+    pub registration_timeout: Duration,
+    /// Time a plugin has to answer one request (default 2 s).
+    pub request_timeout: Duration,
+    /// No listener; only pre-installed plugins.
+    pub disable_connections: bool,
+    /// Policy of plugins not listed in `failure_policies`.
+    pub default_failure_policy: FailurePolicy,
+    /// Per-plugin policy, keyed by `NAME` or `IDX-NAME` (the latter wins).
+    pub failure_policies: HashMap<String, FailurePolicy>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            socket_path: nri_proto::DEFAULT_SOCKET_PATH.into(),
+            plugin_path: nri_proto::DEFAULT_PLUGIN_PATH.into(),
+            plugin_config_path: nri_proto::DEFAULT_PLUGIN_CONFIG_PATH.into(),
+            registration_timeout: nri_proto::DEFAULT_REGISTRATION_TIMEOUT,
+            request_timeout: nri_proto::DEFAULT_REQUEST_TIMEOUT,
+            disable_connections: false,
+            default_failure_policy: FailurePolicy::Ignore,
+            failure_policies: HashMap::new(),
+        }
+    }
+}
+
+impl Options {
+    /// The failure policy of plugin `idx-base`.
+    pub fn failure_policy(&self, idx: &str, base: &str) -> FailurePolicy {
+        self.failure_policies
+            .get(&format!("{idx}-{base}"))
+            .or_else(|| self.failure_policies.get(base))
+            .copied()
+            .unwrap_or(self.default_failure_policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_lookup_prefers_qualified_name() {
+        let mut o = Options::default();
+        assert_eq!(o.failure_policy("10", "a"), FailurePolicy::Ignore);
+        o.failure_policies.insert("a".into(), FailurePolicy::Fail);
+        assert_eq!(o.failure_policy("10", "a"), FailurePolicy::Fail);
+        o.failure_policies
+            .insert("10-a".into(), FailurePolicy::Ignore);
+        assert_eq!(o.failure_policy("10", "a"), FailurePolicy::Ignore);
+        assert_eq!(o.failure_policy("20", "a"), FailurePolicy::Fail);
+        o.default_failure_policy = FailurePolicy::Fail;
+        assert_eq!(o.failure_policy("30", "b"), FailurePolicy::Fail);
+    }
+}

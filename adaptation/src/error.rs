@@ -1,0 +1,113 @@
+//! Errors of the runtime side of NRI.
+
+use std::{path::PathBuf, time::Duration};
+
+/// Error type of runtime callbacks (sync, update, evict).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What went wrong talking to one plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The plugin answered with an error status. Fails the runtime request;
+    /// the plugin stays registered (NRI `isFatalError` = false).
+    #[error("plugin returned error: {message}")]
+    Returned {
+        /// ttrpc status code.
+        code: ttrpc::Code,
+        /// The status message.
+        message: String,
+    },
+    /// No answer within the request timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The connection to the plugin is closed.
+    #[error("connection closed")]
+    Closed,
+    /// ttrpc or mux transport failure (fatal: the plugin is dropped).
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// The plugin's answer breaks the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl PluginError {
+    /// Fatal errors close the plugin (NRI: closed, server closed, protocol
+    /// error, local deadline); the others are the plugin's own verdict.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, PluginError::Returned { .. })
+    }
+
+    pub(crate) fn from_ttrpc(e: ttrpc::Error) -> PluginError {
+        match e {
+            ttrpc::Error::RpcStatus(s) => PluginError::Returned {
+                code: s.code(),
+                message: s.message().to_string(),
+            },
+            ttrpc::Error::RemoteClosed | ttrpc::Error::LocalClosed | ttrpc::Error::Eof => {
+                PluginError::Closed
+            }
+            other => PluginError::Transport(other.to_string()),
+        }
+    }
+
+    /// Whether the plugin does not implement the method (gRPC Unimplemented;
+    /// ttrpc-rust servers say NotFound "... is not supported").
+    pub(crate) fn is_unimplemented(&self) -> bool {
+        match self {
+            PluginError::Returned { code, message } => {
+                *code == ttrpc::Code::UNIMPLEMENTED
+                    || (*code == ttrpc::Code::NOT_FOUND && message.ends_with("is not supported"))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Errors of [`Adaptation`](crate::Adaptation).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The builder is missing a required runtime callback.
+    #[error("NRI adaptation needs a {0} callback")]
+    MissingCallback(&'static str),
+    /// The external plugin socket could not be set up.
+    #[error("failed to set up NRI socket {path}: {what}: {source}")]
+    Socket {
+        /// The configured socket path.
+        path: PathBuf,
+        /// Which step failed.
+        what: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The plugin directory could not be read.
+    #[error("failed to read NRI plugin directory {path}: {source}")]
+    PluginDir {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The runtime's sync callback failed.
+    #[error("runtime failed to list pods and containers for NRI sync: {0}")]
+    SyncCallback(BoxError),
+    /// A plugin failed a request in a way that fails the runtime's request.
+    #[error("NRI plugin {plugin} failed {event}: {source}")]
+    Plugin {
+        /// `IDX-NAME` of the plugin.
+        plugin: String,
+        /// The request, e.g. `CreateContainer`.
+        event: &'static str,
+        /// What happened.
+        source: PluginError,
+    },
+    /// Plugins' adjustments conflict, or one asked for something not allowed.
+    #[error(transparent)]
+    Merge(#[from] crate::result::MergeError),
+    /// A validator rejected or failed the merged adjustment.
+    #[error("{0}")]
+    Validation(String),
+    /// The adaptation was stopped (or never started).
+    #[error("NRI adaptation is not running")]
+    NotRunning,
+}

@@ -1,0 +1,236 @@
+//! Pre-installed plugins: discovery in the plugin directory and launch with
+//! a pre-connected socket (NRI `adaptation.go` discoverPlugins, `plugin.go`
+//! newLaunchedPlugin).
+
+use std::{
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::PermissionsExt,
+    },
+    path::{Path, PathBuf},
+};
+
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use nri_proto::naming;
+
+use crate::error::Error;
+
+/// A plugin found in the plugin directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovered {
+    /// Two-digit index from the file name.
+    pub idx: String,
+    /// Name from the file name (after the first `-`).
+    pub base: String,
+    /// Full path of the executable.
+    pub path: PathBuf,
+}
+
+/// Lists the plugins to launch from `dir`, in lexical file-name order.
+///
+/// A missing directory means no plugins. Directories and files without any
+/// execute bit are skipped. A file whose name is not `IDX-NAME` (two-digit
+/// index) is skipped with a warning: upstream NRI fails the whole start
+/// instead, which takes every plugin down for one stray file. WebAssembly
+/// plugins are not supported and are skipped with a warning.
+///
+/// # Errors
+/// [`Error::PluginDir`] when the directory exists but cannot be read.
+pub fn discover(dir: &Path) -> Result<Vec<Discovered>, Error> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(Error::PluginDir {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut names: Vec<(String, PathBuf)> = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| Error::PluginDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = entry.path();
+        let Ok(meta) = std::fs::metadata(&path) else {
+            tracing::warn!(path = %path.display(), "skipping unreadable entry in NRI plugin directory");
+            continue;
+        };
+        if meta.is_dir() || meta.permissions().mode() & 0o111 == 0 {
+            continue;
+        }
+        match entry.file_name().into_string() {
+            Ok(name) => names.push((name, path)),
+            Err(name) => tracing::warn!(file = ?name, "skipping NRI plugin with a non-UTF-8 name"),
+        }
+    }
+    names.sort();
+    let mut out = Vec::new();
+    for (name, path) in names {
+        match naming::parse_plugin_file_name(&name) {
+            Ok((idx, base)) => {
+                if is_wasm(&path) {
+                    tracing::warn!(plugin = %name, "skipping WebAssembly NRI plugin: not supported by this runtime");
+                    continue;
+                }
+                out.push(Discovered { idx, base, path });
+            }
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping NRI plugin"),
+        }
+    }
+    Ok(out)
+}
+
+fn is_wasm(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]
+}
+
+/// The drop-in configuration of plugin `idx-base`: `<dir>/IDX-NAME.conf`,
+/// else `<dir>/NAME.conf`, else empty.
+///
+/// # Errors
+/// A read error other than "not found", with the file named.
+pub fn plugin_config(
+    dir: &Path,
+    idx: &str,
+    base: &str,
+) -> Result<String, (PathBuf, std::io::Error)> {
+    for file in [
+        dir.join(format!("{idx}-{base}.conf")),
+        dir.join(format!("{base}.conf")),
+    ] {
+        match std::fs::read_to_string(&file) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err((file, e)),
+        }
+    }
+    Ok(String::new())
+}
+
+/// Starts a discovered plugin with one end of a socketpair as fd 3.
+///
+/// The child's environment is exactly `NRI_PLUGIN_NAME=<NAME>`,
+/// `NRI_PLUGIN_IDX=<IDX>`, `NRI_PLUGIN_SOCKET=3` (nothing inherited, as
+/// upstream), argv\[0\] is the full path. Both socket ends are created
+/// CLOEXEC so no other child inherits them; the child's copy at fd 3 is
+/// the only one without it. Each end is owned by exactly one [`OwnedFd`],
+/// so each is closed exactly once (NRI #66 closed a raw fd twice and hit an
+/// unrelated listener of the runtime).
+///
+/// Returns the runtime's end and the child.
+///
+/// # Errors
+/// The socketpair or spawn error.
+pub fn spawn(
+    plugin: &Discovered,
+) -> std::io::Result<(tokio::net::UnixStream, tokio::process::Child)> {
+    let (ours, theirs): (OwnedFd, OwnedFd) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+    )
+    .map_err(std::io::Error::from)?;
+    // The child's end must be blocking for ordinary readers (Go sets its own).
+    nix::fcntl::fcntl(
+        theirs.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+    )
+    .map_err(std::io::Error::from)?;
+    let child_fd = theirs.as_raw_fd();
+    let mut cmd = tokio::process::Command::new(&plugin.path);
+    cmd.env_clear()
+        .env(nri_proto::PLUGIN_NAME_ENV, &plugin.base)
+        .env(nri_proto::PLUGIN_IDX_ENV, &plugin.idx)
+        .env(nri_proto::PLUGIN_SOCKET_ENV, "3")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    // SAFETY: the closure only calls async-signal-safe dup2/fcntl on fds
+    // that stay open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+            if child_fd == 3 {
+                // dup2 onto itself would keep CLOEXEC: clear it instead.
+                fcntl(3, FcntlArg::F_SETFD(FdFlag::empty()))?;
+            } else {
+                // dup2 leaves the new descriptor without CLOEXEC.
+                nix::unistd::dup2(child_fd, 3)?;
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    // Our copy of the child's end closes here, once.
+    drop(theirs);
+    let std_stream = std::os::unix::net::UnixStream::from(ours);
+    let stream = tokio::net::UnixStream::from_std(std_stream)?;
+    Ok((stream, child))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(dir: &Path, name: &str, mode: u32) {
+        let p = dir.join(name);
+        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn r11_discovery_skips_non_executables_and_bad_names() {
+        let d = tempfile::tempdir().unwrap();
+        touch(d.path(), "20-x", 0o644);
+        touch(d.path(), "10-logger", 0o755);
+        touch(d.path(), "logger", 0o755);
+        touch(d.path(), "05-first", 0o700);
+        std::fs::create_dir(d.path().join("07-dir")).unwrap();
+        let found = discover(d.path()).unwrap();
+        let names: Vec<_> = found
+            .iter()
+            .map(|p| format!("{}-{}", p.idx, p.base))
+            .collect();
+        assert_eq!(names, ["05-first", "10-logger"]);
+        assert_eq!(found[1].path, d.path().join("10-logger"));
+    }
+
+    #[test]
+    fn missing_plugin_dir_is_empty() {
+        assert!(
+            discover(Path::new("/nonexistent/nri/plugins"))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn wasm_plugins_are_skipped() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("10-wasm");
+        std::fs::write(&p, [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 1, 2]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(discover(d.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn config_lookup_order() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(plugin_config(d.path(), "10", "a").unwrap(), "");
+        std::fs::write(d.path().join("a.conf"), "plain").unwrap();
+        assert_eq!(plugin_config(d.path(), "10", "a").unwrap(), "plain");
+        std::fs::write(d.path().join("10-a.conf"), "indexed").unwrap();
+        assert_eq!(plugin_config(d.path(), "10", "a").unwrap(), "indexed");
+        std::fs::create_dir(d.path().join("20-b.conf")).unwrap();
+        let (file, _) = plugin_config(d.path(), "20", "b").unwrap_err();
+        assert_eq!(file, d.path().join("20-b.conf"));
+    }
+}

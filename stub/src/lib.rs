@@ -1,0 +1,970 @@
+//! # nri-stub
+//!
+//! Write NRI plugins in Rust. A plugin implements [`Plugin`] (one async method
+//! per event; the defaults do nothing), picks the events it wants, and hands
+//! itself to a [`Stub`], which connects to the runtime (containerd, CRI-O, or
+//! any runtime embedding `nri-adaptation`), registers, answers Configure and
+//! Synchronize, and routes every subscribed event to the plugin.
+//!
+//! ```no_run
+//! use nri_stub::{api, BoxError, EventMask, Plugin, Stub};
+//!
+//! struct AddEnv;
+//!
+//! #[nri_stub::async_trait]
+//! impl Plugin for AddEnv {
+//!     async fn create_container(
+//!         &self,
+//!         _pod: &api::PodSandbox,
+//!         _container: &api::Container,
+//!     ) -> Result<api::CreateContainerResponse, BoxError> {
+//!         let mut rsp = api::CreateContainerResponse::new();
+//!         rsp.adjust.mut_or_insert_default().env.push(api::KeyValue {
+//!             key: "HELLO".into(),
+//!             value: "from-nri".into(),
+//!             ..Default::default()
+//!         });
+//!         Ok(rsp)
+//!     }
+//! }
+//!
+//! # async fn run() -> Result<(), nri_stub::StubError> {
+//! let stub = Stub::builder(AddEnv)
+//!     .with_plugin_name("add-env")
+//!     .with_plugin_idx("10")
+//!     .with_events(EventMask::parse("CreateContainer").unwrap())
+//!     .build()?;
+//! stub.run().await
+//! # }
+//! ```
+//!
+//! Behaviour shared with containerd/nri's Go `pkg/stub`, so a plugin runs the
+//! same way whether it was started by hand or launched by the runtime:
+//!
+//! | setting | builder | environment | fallback |
+//! |---|---|---|---|
+//! | name | [`StubBuilder::with_plugin_name`] | `NRI_PLUGIN_NAME` | `argv[0]` of the form `IDX-NAME` |
+//! | index | [`StubBuilder::with_plugin_idx`] | `NRI_PLUGIN_IDX` | `argv[0]` of the form `IDX-NAME` |
+//! | connection | [`StubBuilder::with_socket_path`] | `NRI_PLUGIN_SOCKET` (an inherited, connected fd) | `/var/run/nri/nri.sock` |
+//!
+//! A split initial sync (several Synchronize requests with `more = true`) is
+//! collected and delivered to [`Plugin::synchronize`] once.
+
+#![warn(missing_docs)]
+
+use std::{
+    os::fd::{FromRawFd, OwnedFd},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+pub use async_trait::async_trait;
+pub use nri_proto::{api, events::EventMask};
+use nri_proto::{
+    api_ttrpc,
+    mux::{Mux, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN},
+    naming::{self, NamingError},
+    transport,
+};
+use tokio::{net::UnixStream, sync::watch};
+use ttrpc::asynchronous::{Server, TtrpcContext};
+
+/// Error type plugin handlers return; any error converts into it with `?`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a stub could not be built, connect, register or keep running.
+#[derive(Debug, thiserror::Error)]
+pub enum StubError {
+    /// No plugin name in the builder, `NRI_PLUGIN_NAME` or `argv[0]`.
+    #[error(
+        "plugin name not set: use with_plugin_name, NRI_PLUGIN_NAME or an IDX-NAME executable name"
+    )]
+    MissingName,
+    /// No plugin index in the builder, `NRI_PLUGIN_IDX` or `argv[0]`.
+    #[error(
+        "plugin index not set: use with_plugin_idx, NRI_PLUGIN_IDX or an IDX-NAME executable name"
+    )]
+    MissingIndex,
+    /// The name or index breaks the NRI naming rules.
+    #[error(transparent)]
+    Naming(#[from] NamingError),
+    /// An empty event mask: the runtime would read it as "every event".
+    #[error(
+        "no events to subscribe to: an empty mask means every event to the runtime; use EventMask::VALID for that"
+    )]
+    NoEvents,
+    /// Connecting to the runtime's socket failed.
+    #[error("failed to connect to the NRI socket {path}: {source}")]
+    Connect {
+        /// The socket path dialled.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// `NRI_PLUGIN_SOCKET` does not name a usable connected socket.
+    #[error("invalid NRI_PLUGIN_SOCKET {value:?}: {reason}")]
+    InheritedSocket {
+        /// The variable's value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The trunk multiplexer failed.
+    #[error(transparent)]
+    Mux(#[from] MuxError),
+    /// Starting the ttrpc server for the Plugin service failed.
+    #[error("failed to start the plugin's ttrpc server: {0}")]
+    Server(ttrpc::Error),
+    /// The runtime refused or did not answer RegisterPlugin.
+    #[error("failed to register plugin {plugin} with the runtime: {source}")]
+    Register {
+        /// `IDX-NAME` of this plugin.
+        plugin: String,
+        /// The ttrpc error.
+        source: ttrpc::Error,
+    },
+    /// The runtime did not configure the plugin, or the configure handler failed.
+    #[error("plugin {plugin} was not configured: {reason}")]
+    Configure {
+        /// `IDX-NAME` of this plugin.
+        plugin: String,
+        /// What happened.
+        reason: String,
+    },
+    /// The runtime closed the connection.
+    #[error("connection to the runtime closed")]
+    ConnectionClosed,
+    /// An UpdateContainers request failed.
+    #[error("UpdateContainers failed: {0}")]
+    Update(ttrpc::Error),
+}
+
+/// An NRI plugin: one method per request the runtime can send.
+///
+/// Every method has a default that accepts the event and changes nothing,
+/// so a plugin implements only what it cares about. Which events the runtime
+/// sends is decided by the subscription mask ([`StubBuilder::with_events`],
+/// or the mask [`Plugin::configure`] returns), not by which methods exist.
+///
+/// A handler error fails the runtime's request (for CreateContainer, the
+/// container is not created) and is reported with the error's text. A
+/// [`Plugin::validate_container_adjustment`] error rejects the adjustment
+/// with the error's text as the reason.
+#[async_trait]
+pub trait Plugin: Send + Sync + 'static {
+    /// Called once after registration with the runtime's identity, the
+    /// plugin's configuration (non-empty only for plugins the runtime
+    /// launched from its plugin directory) and the runtime's timeouts.
+    /// Return the events to subscribe to; an empty mask keeps the stub's.
+    async fn configure(&self, _req: &api::ConfigureRequest) -> Result<EventMask, BoxError> {
+        Ok(EventMask::default())
+    }
+
+    /// The runtime's existing pods and containers, once, after configure.
+    /// Return updates for existing containers.
+    async fn synchronize(
+        &self,
+        _pods: &[api::PodSandbox],
+        _containers: &[api::Container],
+    ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
+        Ok(Vec::new())
+    }
+
+    /// The runtime asks the plugin to shut down.
+    async fn shutdown(&self) {}
+
+    /// A pod sandbox is being created.
+    async fn run_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A pod sandbox's resources are being updated.
+    async fn update_pod_sandbox(
+        &self,
+        _req: &api::UpdatePodSandboxRequest,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A pod sandbox's resources were updated.
+    async fn post_update_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A pod sandbox is being stopped.
+    async fn stop_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A pod sandbox is being removed.
+    async fn remove_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A container is being created: return adjustments to its spec and
+    /// updates for other containers.
+    async fn create_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<api::CreateContainerResponse, BoxError> {
+        Ok(api::CreateContainerResponse::new())
+    }
+
+    /// A container was created.
+    async fn post_create_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A container is being started.
+    async fn start_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A container was started.
+    async fn post_start_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A container's resources are being updated to `resources`; return
+    /// updates (including for that container) and evictions.
+    async fn update_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+        _resources: &api::LinuxResources,
+    ) -> Result<api::UpdateContainerResponse, BoxError> {
+        Ok(api::UpdateContainerResponse::new())
+    }
+
+    /// A container's resources were updated.
+    async fn post_update_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// A container is stopping (or stopped by itself); return updates for
+    /// other containers.
+    async fn stop_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
+        Ok(Vec::new())
+    }
+
+    /// A container is being removed.
+    async fn remove_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// Approve (Ok) or reject (Err, the text is the reason) the merged
+    /// adjustment of a container before the runtime applies it.
+    async fn validate_container_adjustment(
+        &self,
+        _req: &api::ValidateContainerAdjustmentRequest,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// The connection to the runtime is gone.
+    async fn on_close(&self) {}
+}
+
+/// Builds a [`Stub`]; see the crate docs for the settings and their sources.
+pub struct StubBuilder {
+    plugin: Arc<dyn Plugin>,
+    name: Option<String>,
+    idx: Option<String>,
+    socket_path: Option<PathBuf>,
+    events: EventMask,
+    registration_timeout: Duration,
+}
+
+impl StubBuilder {
+    /// Sets the plugin name (overrides `NRI_PLUGIN_NAME`).
+    pub fn with_plugin_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the two-digit plugin index (overrides `NRI_PLUGIN_IDX`).
+    pub fn with_plugin_idx(mut self, idx: impl Into<String>) -> Self {
+        self.idx = Some(idx.into());
+        self
+    }
+
+    /// Dials this socket instead of `/var/run/nri/nri.sock`. Ignored when the
+    /// runtime launched the plugin with a pre-connected `NRI_PLUGIN_SOCKET`.
+    pub fn with_socket_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.socket_path = Some(path.into());
+        self
+    }
+
+    /// The events to subscribe to (see [`EventMask::parse`]).
+    pub fn with_events(mut self, events: EventMask) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// How long RegisterPlugin may take before the stub gives up (default 5 s).
+    pub fn with_registration_timeout(mut self, timeout: Duration) -> Self {
+        self.registration_timeout = timeout;
+        self
+    }
+
+    /// Resolves name and index and checks them.
+    ///
+    /// # Errors
+    /// [`StubError::MissingName`], [`StubError::MissingIndex`],
+    /// [`StubError::Naming`] or [`StubError::NoEvents`].
+    pub fn build(self) -> Result<Stub, StubError> {
+        let from_argv = std::env::args()
+            .next()
+            .and_then(|a| {
+                let base = std::path::Path::new(&a).file_name()?.to_str()?.to_string();
+                naming::parse_plugin_file_name(&base).ok()
+            })
+            .map(|(i, n)| (Some(i), Some(n)))
+            .unwrap_or((None, None));
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let name = self
+            .name
+            .or_else(|| env(nri_proto::PLUGIN_NAME_ENV))
+            .or(from_argv.1)
+            .ok_or(StubError::MissingName)?;
+        let idx = self
+            .idx
+            .or_else(|| env(nri_proto::PLUGIN_IDX_ENV))
+            .or(from_argv.0)
+            .ok_or(StubError::MissingIndex)?;
+        naming::check_index(&idx)?;
+        naming::check_name(&name)?;
+        if self.events.bits() == 0 {
+            return Err(StubError::NoEvents);
+        }
+        Ok(Stub {
+            plugin: self.plugin,
+            name,
+            idx,
+            socket_path: self
+                .socket_path
+                .unwrap_or_else(|| PathBuf::from(nri_proto::DEFAULT_SOCKET_PATH)),
+            events: self.events,
+            registration_timeout: self.registration_timeout,
+        })
+    }
+}
+
+/// A configured plugin, ready to connect to the runtime.
+pub struct Stub {
+    plugin: Arc<dyn Plugin>,
+    name: String,
+    idx: String,
+    socket_path: PathBuf,
+    events: EventMask,
+    registration_timeout: Duration,
+}
+
+/// What the runtime told the plugin in Configure.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeInfo {
+    /// Runtime name, e.g. `containerd`.
+    pub name: String,
+    /// Runtime version.
+    pub version: String,
+    /// NRI version the runtime speaks.
+    pub nri_version: String,
+    /// The runtime's registration timeout.
+    pub registration_timeout: Duration,
+    /// The runtime's per-request timeout.
+    pub request_timeout: Duration,
+    /// The event mask the plugin subscribed with.
+    pub events: EventMask,
+}
+
+impl Stub {
+    /// Starts building a stub around `plugin`.
+    pub fn builder(plugin: impl Plugin) -> StubBuilder {
+        Self::builder_arc(Arc::new(plugin))
+    }
+
+    /// Like [`Stub::builder`] for a plugin the caller keeps a handle to.
+    pub fn builder_arc(plugin: Arc<dyn Plugin>) -> StubBuilder {
+        StubBuilder {
+            plugin,
+            name: None,
+            idx: None,
+            socket_path: None,
+            events: EventMask::default(),
+            registration_timeout: nri_proto::DEFAULT_REGISTRATION_TIMEOUT,
+        }
+    }
+
+    /// `IDX-NAME`.
+    pub fn qualified_name(&self) -> String {
+        format!("{}-{}", self.idx, self.name)
+    }
+
+    /// Connects, registers, waits for Configure, and returns a handle to the
+    /// running plugin. Events are served in the background.
+    ///
+    /// # Errors
+    /// Any [`StubError`] about connecting, registering or configuring.
+    pub async fn start(self) -> Result<StubHandle, StubError> {
+        let trunk = self.connect().await?;
+        let mux = Mux::blocked(trunk);
+        let plugin_conn = mux.open(PLUGIN_SERVICE_CONN)?;
+        let runtime_conn = mux.open(RUNTIME_SERVICE_CONN)?;
+        mux.unblock();
+        let qualified = self.qualified_name();
+
+        let (configured_tx, mut configured_rx) = watch::channel(None);
+        let (state_tx, _) = watch::channel(State::Running);
+        let service = Arc::new(PluginService {
+            plugin: self.plugin.clone(),
+            events: self.events,
+            sync: Mutex::new(None),
+            configured: configured_tx,
+            state: state_tx.clone(),
+        });
+        let mut server = Server::new()
+            .add_listener(transport::listener(plugin_conn))
+            .register_service(api_ttrpc::create_plugin(service));
+        server.start().await.map_err(StubError::Server)?;
+
+        let runtime = api_ttrpc::RuntimeClient::new(transport::client(runtime_conn));
+        let req = api::RegisterPluginRequest {
+            plugin_name: self.name.clone(),
+            plugin_idx: self.idx.clone(),
+            NRI_version: nri_proto::NRI_VERSION.to_string(),
+            ..Default::default()
+        };
+        let ctx = ttrpc::context::with_timeout(self.registration_timeout.as_nanos() as i64);
+        if let Err(source) = runtime.register_plugin(ctx, &req).await {
+            mux.close();
+            let _ = server.shutdown().await;
+            return Err(StubError::Register {
+                plugin: qualified,
+                source,
+            });
+        }
+        tracing::info!(plugin = %qualified, "registered with the runtime");
+
+        let configured = tokio::select! {
+            r = configured_rx.wait_for(Option::is_some) => r.ok().and_then(|v| v.clone()),
+            _ = mux.closed() => None,
+        };
+        let info = match configured {
+            Some(Ok(info)) => info,
+            Some(Err(reason)) => {
+                mux.close();
+                let _ = server.shutdown().await;
+                return Err(StubError::Configure {
+                    plugin: qualified,
+                    reason,
+                });
+            }
+            None => {
+                let _ = server.shutdown().await;
+                return Err(StubError::Configure {
+                    plugin: qualified,
+                    reason: "the runtime closed the connection before Configure".into(),
+                });
+            }
+        };
+
+        let handle = StubHandle {
+            inner: Arc::new(HandleInner {
+                name: qualified,
+                runtime,
+                mux: mux.clone(),
+                info,
+                state: state_tx.clone(),
+            }),
+        };
+        let plugin = self.plugin.clone();
+        tokio::spawn(async move {
+            let reason = mux.closed().await;
+            let _ = server.shutdown().await;
+            tracing::info!(reason = ?reason, "connection to the runtime closed");
+            plugin.on_close().await;
+            state_tx.send_if_modified(|s| {
+                if *s == State::Running {
+                    *s = State::Closed;
+                    true
+                } else {
+                    false
+                }
+            });
+        });
+        Ok(handle)
+    }
+
+    /// [`Stub::start`], then serves until the connection ends.
+    ///
+    /// Returns `Ok(())` after the runtime sent Shutdown or the plugin called
+    /// [`StubHandle::stop`].
+    ///
+    /// # Errors
+    /// What [`Stub::start`] returns, or [`StubError::ConnectionClosed`] when
+    /// the runtime went away.
+    pub async fn run(self) -> Result<(), StubError> {
+        self.start().await?.wait().await
+    }
+
+    async fn connect(&self) -> Result<UnixStream, StubError> {
+        if let Some(value) = std::env::var(nri_proto::PLUGIN_SOCKET_ENV)
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            return inherited_socket(&value);
+        }
+        UnixStream::connect(&self.socket_path)
+            .await
+            .map_err(|source| StubError::Connect {
+                path: self.socket_path.clone(),
+                source,
+            })
+    }
+}
+
+fn inherited_socket(value: &str) -> Result<UnixStream, StubError> {
+    let bad = |reason: String| StubError::InheritedSocket {
+        value: value.to_string(),
+        reason,
+    };
+    let fd: i32 = value
+        .parse()
+        .map_err(|_| bad("not a file descriptor number".into()))?;
+    let st = nix::sys::stat::fstat(fd).map_err(|e| bad(format!("fd {fd}: {e}")))?;
+    if st.st_mode & libc_s_ifmt() != libc_s_ifsock() {
+        return Err(bad(format!("fd {fd} is not a socket")));
+    }
+    // SAFETY: fd is open (fstat succeeded) and handed to this process for
+    // its exclusive use by the runtime that launched it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let std_stream = std::os::unix::net::UnixStream::from(owned);
+    std_stream
+        .set_nonblocking(true)
+        .map_err(|e| bad(e.to_string()))?;
+    // The variable must not leak into processes this plugin starts.
+    // SAFETY: called before the plugin spawns threads of its own that read
+    // the environment; tokio's workers do not.
+    unsafe { std::env::remove_var(nri_proto::PLUGIN_SOCKET_ENV) };
+    UnixStream::from_std(std_stream).map_err(|e| bad(e.to_string()))
+}
+
+const fn libc_s_ifmt() -> u32 {
+    0o170000
+}
+const fn libc_s_ifsock() -> u32 {
+    0o140000
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Shutdown,
+    Stopped,
+    Closed,
+}
+
+/// A running plugin: ask for container updates, wait for the end, stop.
+#[derive(Clone)]
+pub struct StubHandle {
+    inner: Arc<HandleInner>,
+}
+
+struct HandleInner {
+    name: String,
+    runtime: api_ttrpc::RuntimeClient,
+    mux: Mux,
+    info: RuntimeInfo,
+    state: watch::Sender<State>,
+}
+
+impl StubHandle {
+    /// `IDX-NAME` of this plugin.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// What the runtime sent in Configure.
+    pub fn runtime(&self) -> &RuntimeInfo {
+        &self.inner.info
+    }
+
+    /// Asks the runtime to update existing containers and evict others
+    /// (unsolicited, outside any event). Returns the updates that failed.
+    ///
+    /// # Errors
+    /// [`StubError::Update`] if the request failed as a whole.
+    pub async fn update_containers(
+        &self,
+        update: Vec<api::ContainerUpdate>,
+        evict: Vec<api::ContainerEviction>,
+    ) -> Result<Vec<api::ContainerUpdate>, StubError> {
+        let req = api::UpdateContainersRequest {
+            update,
+            evict,
+            ..Default::default()
+        };
+        let timeout = self.inner.info.request_timeout.max(Duration::from_secs(2));
+        let ctx = ttrpc::context::with_timeout(timeout.as_nanos() as i64);
+        let rsp = self
+            .inner
+            .runtime
+            .update_containers(ctx, &req)
+            .await
+            .map_err(StubError::Update)?;
+        Ok(rsp.failed)
+    }
+
+    /// Closes the connection; [`StubHandle::wait`] then returns `Ok(())`.
+    pub fn stop(&self) {
+        // Recorded before closing so wait() reports a deliberate stop.
+        self.inner.state.send_if_modified(|s| {
+            let running = *s == State::Running;
+            if running {
+                *s = State::Stopped;
+            }
+            running
+        });
+        self.inner.mux.close();
+    }
+
+    /// Waits until the connection ends.
+    ///
+    /// # Errors
+    /// [`StubError::ConnectionClosed`] if the runtime closed it without
+    /// asking the plugin to shut down first.
+    pub async fn wait(&self) -> Result<(), StubError> {
+        let mut rx = self.inner.state.subscribe();
+        let state = *rx
+            .wait_for(|s| *s != State::Running)
+            .await
+            .map_err(|_| StubError::ConnectionClosed)?;
+        match state {
+            State::Shutdown | State::Stopped => Ok(()),
+            State::Running | State::Closed => Err(StubError::ConnectionClosed),
+        }
+    }
+}
+
+/// The stub's side of the `Plugin` ttrpc service.
+struct PluginService {
+    plugin: Arc<dyn Plugin>,
+    events: EventMask,
+    /// Pods and containers of a split sync collected so far.
+    sync: Mutex<Option<(Vec<api::PodSandbox>, Vec<api::Container>)>>,
+    configured: watch::Sender<Option<Result<RuntimeInfo, String>>>,
+    state: watch::Sender<State>,
+}
+
+fn plugin_error(e: BoxError) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(ttrpc::Code::UNKNOWN, e.to_string()))
+}
+
+fn ms(v: i64) -> Duration {
+    Duration::from_millis(v.max(0) as u64)
+}
+
+#[async_trait]
+impl api_ttrpc::Plugin for PluginService {
+    async fn configure(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ConfigureRequest,
+    ) -> ttrpc::Result<api::ConfigureResponse> {
+        let result = self.plugin.configure(&req).await;
+        let events = match &result {
+            Ok(m) if m.bits() != 0 => *m,
+            _ => self.events,
+        };
+        let outcome = result.as_ref().map(|_| RuntimeInfo {
+            name: req.runtime_name.clone(),
+            version: req.runtime_version.clone(),
+            nri_version: req.NRI_version.clone(),
+            registration_timeout: ms(req.registration_timeout),
+            request_timeout: ms(req.request_timeout),
+            events,
+        });
+        self.configured.send_replace(Some(
+            outcome.map_err(|e| format!("configure handler failed: {e}")),
+        ));
+        match result {
+            Ok(_) => Ok(api::ConfigureResponse {
+                events: events.bits(),
+                ..Default::default()
+            }),
+            Err(e) => Err(plugin_error(e)),
+        }
+    }
+
+    async fn synchronize(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::SynchronizeRequest,
+    ) -> ttrpc::Result<api::SynchronizeResponse> {
+        let (pods, containers) = {
+            let mut collected = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+            let acc = collected.get_or_insert_with(Default::default);
+            acc.0.extend(req.pods);
+            acc.1.extend(req.containers);
+            if req.more {
+                return Ok(api::SynchronizeResponse {
+                    more: true,
+                    ..Default::default()
+                });
+            }
+            collected.take().unwrap_or_default()
+        };
+        let update = self
+            .plugin
+            .synchronize(&pods, &containers)
+            .await
+            .map_err(plugin_error)?;
+        Ok(api::SynchronizeResponse {
+            update,
+            more: false,
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: api::Empty) -> ttrpc::Result<api::Empty> {
+        self.plugin.shutdown().await;
+        self.state.send_replace(State::Shutdown);
+        Ok(api::Empty::new())
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::RunPodSandboxRequest,
+    ) -> ttrpc::Result<api::RunPodSandboxResponse> {
+        self.plugin
+            .run_pod_sandbox(req.pod.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn update_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::UpdatePodSandboxRequest,
+    ) -> ttrpc::Result<api::UpdatePodSandboxResponse> {
+        self.plugin
+            .update_pod_sandbox(&req)
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn post_update_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::PostUpdatePodSandboxRequest,
+    ) -> ttrpc::Result<api::PostUpdatePodSandboxResponse> {
+        self.plugin
+            .post_update_pod_sandbox(req.pod.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StopPodSandboxRequest,
+    ) -> ttrpc::Result<api::StopPodSandboxResponse> {
+        self.plugin
+            .stop_pod_sandbox(req.pod.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::RemovePodSandboxRequest,
+    ) -> ttrpc::Result<api::RemovePodSandboxResponse> {
+        self.plugin
+            .remove_pod_sandbox(req.pod.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn create_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CreateContainerRequest,
+    ) -> ttrpc::Result<api::CreateContainerResponse> {
+        self.plugin
+            .create_container(req.pod.get_or_default(), req.container.get_or_default())
+            .await
+            .map_err(plugin_error)
+    }
+
+    async fn post_create_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::PostCreateContainerRequest,
+    ) -> ttrpc::Result<api::PostCreateContainerResponse> {
+        self.plugin
+            .post_create_container(req.pod.get_or_default(), req.container.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn start_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StartContainerRequest,
+    ) -> ttrpc::Result<api::StartContainerResponse> {
+        self.plugin
+            .start_container(req.pod.get_or_default(), req.container.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn post_start_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::PostStartContainerRequest,
+    ) -> ttrpc::Result<api::PostStartContainerResponse> {
+        self.plugin
+            .post_start_container(req.pod.get_or_default(), req.container.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn update_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::UpdateContainerRequest,
+    ) -> ttrpc::Result<api::UpdateContainerResponse> {
+        self.plugin
+            .update_container(
+                req.pod.get_or_default(),
+                req.container.get_or_default(),
+                req.linux_resources.get_or_default(),
+            )
+            .await
+            .map_err(plugin_error)
+    }
+
+    async fn post_update_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::PostUpdateContainerRequest,
+    ) -> ttrpc::Result<api::PostUpdateContainerResponse> {
+        self.plugin
+            .post_update_container(req.pod.get_or_default(), req.container.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn stop_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StopContainerRequest,
+    ) -> ttrpc::Result<api::StopContainerResponse> {
+        let update = self
+            .plugin
+            .stop_container(req.pod.get_or_default(), req.container.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(api::StopContainerResponse {
+            update,
+            ..Default::default()
+        })
+    }
+
+    async fn remove_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::RemoveContainerRequest,
+    ) -> ttrpc::Result<api::RemoveContainerResponse> {
+        self.plugin
+            .remove_container(req.pod.get_or_default(), req.container.get_or_default())
+            .await
+            .map_err(plugin_error)?;
+        Ok(Default::default())
+    }
+
+    async fn state_change(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StateChangeEvent,
+    ) -> ttrpc::Result<api::Empty> {
+        use api::Event as E;
+        let pod = req.pod.get_or_default();
+        let ctr = req.container.get_or_default();
+        let p = &self.plugin;
+        let r = match req.event.enum_value_or_default() {
+            E::RUN_POD_SANDBOX => p.run_pod_sandbox(pod).await,
+            E::POST_UPDATE_POD_SANDBOX => p.post_update_pod_sandbox(pod).await,
+            E::STOP_POD_SANDBOX => p.stop_pod_sandbox(pod).await,
+            E::REMOVE_POD_SANDBOX => p.remove_pod_sandbox(pod).await,
+            E::POST_CREATE_CONTAINER => p.post_create_container(pod, ctr).await,
+            E::START_CONTAINER => p.start_container(pod, ctr).await,
+            E::POST_START_CONTAINER => p.post_start_container(pod, ctr).await,
+            E::POST_UPDATE_CONTAINER => p.post_update_container(pod, ctr).await,
+            E::REMOVE_CONTAINER => p.remove_container(pod, ctr).await,
+            other => {
+                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                    ttrpc::Code::INVALID_ARGUMENT,
+                    format!("StateChange cannot carry event {other:?}"),
+                )));
+            }
+        };
+        r.map_err(plugin_error)?;
+        Ok(api::Empty::new())
+    }
+
+    async fn validate_container_adjustment(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ValidateContainerAdjustmentRequest,
+    ) -> ttrpc::Result<api::ValidateContainerAdjustmentResponse> {
+        // As upstream's stub: a handler error is a rejection, not an RPC failure.
+        Ok(
+            match self.plugin.validate_container_adjustment(&req).await {
+                Ok(()) => api::ValidateContainerAdjustmentResponse::new(),
+                Err(e) => api::ValidateContainerAdjustmentResponse {
+                    reject: true,
+                    reason: e.to_string(),
+                    ..Default::default()
+                },
+            },
+        )
+    }
+}
