@@ -1,0 +1,416 @@
+//! Test harness: a runtime around a real [`Adaptation`] with an in-memory
+//! pod/container store, real plugin processes (`nri-test-plugin`) on real
+//! unix sockets, and the JSON-lines log those plugins write.
+//!
+//! Waiting is always for an observable event (a log line, a registration),
+//! bounded by a generous deadline that only fails a broken test.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use nri_adaptation::{Adaptation, AdaptationBuilder, RuntimeState, api};
+use serde::{Deserialize, Serialize};
+
+/// Path of the scriptable test plugin, valid in this package's tests.
+#[macro_export]
+macro_rules! test_plugin_bin {
+    () => {
+        env!("CARGO_BIN_EXE_nri-test-plugin")
+    };
+}
+
+/// What `nri-test-plugin` does (its `--config` / Configure JSON).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Behaviour {
+    /// Events to subscribe to (`EventMask::parse` syntax); default all.
+    pub events: Option<String>,
+    /// Append every request as a JSON line here.
+    pub log: Option<PathBuf>,
+    /// Event name -> milliseconds to sleep before answering.
+    pub sleep_ms: HashMap<String, u64>,
+    /// Event name -> error text to answer with.
+    pub fail: HashMap<String, String>,
+    /// Exit the process (status 17) when this event arrives.
+    pub exit_on: Option<String>,
+    /// Apply sleep/fail/exit only to this container id.
+    pub only_container: Option<String>,
+    /// CreateContainer adjustment, NRI `ContainerAdjustment` in proto JSON.
+    pub adjust: Option<serde_json::Value>,
+    /// CreateContainer updates, `ContainerUpdate` proto JSON each.
+    pub create_updates: Vec<serde_json::Value>,
+    /// UpdateContainer updates.
+    pub update_updates: Vec<serde_json::Value>,
+    /// Synchronize updates.
+    pub sync_updates: Vec<serde_json::Value>,
+    /// Call UpdateContainers with this update from inside CreateContainer.
+    pub update_containers_on_create: Option<serde_json::Value>,
+    /// Reject every validation with this reason.
+    pub reject: Option<String>,
+}
+
+/// One request seen by a test plugin.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct LogLine {
+    /// `IDX-NAME` of the plugin.
+    pub plugin: String,
+    /// Request name (`CreateContainer`, `Synchronize`, `Configure`, ...).
+    pub event: String,
+    /// Pod id.
+    pub pod: String,
+    /// Container id.
+    pub container: String,
+    /// Container name.
+    pub container_name: String,
+    /// Container env as the plugin saw it.
+    pub env: Vec<String>,
+    /// Container annotations as the plugin saw them.
+    pub annotations: BTreeMap<String, String>,
+    /// Synchronize: pod ids.
+    pub pods: Vec<String>,
+    /// Synchronize: container ids.
+    pub containers: Vec<String>,
+    /// Configure: the config string.
+    pub config: String,
+    /// Configure: `runtime/version`.
+    pub runtime: String,
+    /// Configure: NRI version.
+    pub nri_version: String,
+    /// Configure: (registration, request) timeouts in ms.
+    pub timeouts_ms: (i64, i64),
+    /// Configure: environment and fds at process start.
+    pub startup: serde_json::Value,
+    /// Exit/StartFailed: error text.
+    pub error: String,
+}
+
+/// Appends `line` to the log at `path` (one write, so lines never mix).
+pub fn append_log(path: &Path, line: &LogLine) {
+    let mut text = serde_json::to_string(line).expect("log line");
+    text.push('\n');
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open plugin log");
+    f.write_all(text.as_bytes()).expect("write plugin log");
+}
+
+/// A `ContainerAdjustment` from proto JSON (`{"env":[{"key":"A","value":"1"}]}`).
+pub fn adjustment_from_json(v: &serde_json::Value) -> api::ContainerAdjustment {
+    protobuf_json_mapping::parse_from_str(&v.to_string()).expect("ContainerAdjustment JSON")
+}
+
+/// A `ContainerUpdate` from proto JSON.
+pub fn update_from_json(v: &serde_json::Value) -> api::ContainerUpdate {
+    protobuf_json_mapping::parse_from_str(&v.to_string()).expect("ContainerUpdate JSON")
+}
+
+/// Reads a plugin log written by test plugins.
+#[derive(Debug, Clone)]
+pub struct EventLog {
+    path: PathBuf,
+}
+
+impl EventLog {
+    /// The log at `path` (may not exist yet).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        EventLog { path: path.into() }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every line so far.
+    pub fn lines(&self) -> Vec<LogLine> {
+        std::fs::read_to_string(&self.path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).expect("log line JSON"))
+            .collect()
+    }
+
+    /// Lines of one plugin, one event.
+    pub fn of(&self, plugin: &str, event: &str) -> Vec<LogLine> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l.plugin == plugin && l.event == event)
+            .collect()
+    }
+
+    /// Waits until `pred` holds for the lines (polling; 20 s deadline).
+    ///
+    /// # Panics
+    /// When the deadline passes, with the log's content.
+    pub async fn wait_for(&self, what: &str, pred: impl Fn(&[LogLine]) -> bool) -> Vec<LogLine> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let lines = self.lines();
+            if pred(&lines) {
+                return lines;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; log:\n{lines:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits for a line of `plugin` with `event`.
+    pub async fn wait_event(&self, plugin: &str, event: &str) -> LogLine {
+        let lines = self
+            .wait_for(&format!("{plugin} {event}"), |l| {
+                l.iter().any(|x| x.plugin == plugin && x.event == event)
+            })
+            .await;
+        lines
+            .into_iter()
+            .find(|x| x.plugin == plugin && x.event == event)
+            .expect("found")
+    }
+}
+
+/// A plugin process; killed when dropped.
+pub struct PluginProc {
+    /// The child process.
+    pub child: Child,
+}
+
+impl PluginProc {
+    /// Waits for the process to exit (20 s deadline) and returns its status code.
+    pub async fn wait_exit(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return st.code();
+            }
+            assert!(Instant::now() < deadline, "plugin process did not exit");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for PluginProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `nri-test-plugin` (path `bin`) as an external plugin dialling `socket`.
+pub fn spawn_plugin(
+    bin: &str,
+    socket: &Path,
+    idx: &str,
+    name: &str,
+    behaviour: &Behaviour,
+) -> PluginProc {
+    let child = Command::new(bin)
+        .arg("--socket")
+        .arg(socket)
+        .args(["--idx", idx, "--name", name, "--config"])
+        .arg(serde_json::to_string(behaviour).expect("behaviour JSON"))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn nri-test-plugin");
+    PluginProc { child }
+}
+
+/// Puts `nri-test-plugin` into `plugin_dir` as `file_name` (a copy, so the
+/// exec bit and name are ours) with `behaviour` as its drop-in config.
+pub fn install_plugin(
+    bin: &str,
+    plugin_dir: &Path,
+    conf_dir: &Path,
+    file_name: &str,
+    behaviour: &Behaviour,
+) {
+    std::fs::create_dir_all(plugin_dir).expect("plugin dir");
+    std::fs::create_dir_all(conf_dir).expect("conf dir");
+    let dst = plugin_dir.join(file_name);
+    if !dst.exists() {
+        std::fs::hard_link(bin, &dst)
+            .or_else(|_| std::fs::copy(bin, &dst).map(|_| ()))
+            .expect("install plugin");
+    }
+    std::fs::write(
+        conf_dir.join(format!("{file_name}.conf")),
+        serde_json::to_string(behaviour).expect("behaviour JSON"),
+    )
+    .expect("plugin conf");
+}
+
+/// Pods, containers and applied updates of the test runtime.
+#[derive(Debug, Default)]
+pub struct Store {
+    /// Pods by id.
+    pub pods: BTreeMap<String, api::PodSandbox>,
+    /// Containers by id.
+    pub containers: BTreeMap<String, api::Container>,
+    /// Every update applied through the update callback, in order.
+    pub applied: Vec<api::ContainerUpdate>,
+    /// Every eviction received.
+    pub evicted: Vec<api::ContainerEviction>,
+    /// Number of sync callback calls.
+    pub syncs: usize,
+}
+
+/// A runtime under test: an [`Adaptation`] over a [`Store`], in a temp dir.
+pub struct TestRuntime {
+    /// The adaptation.
+    pub nri: Adaptation,
+    /// The runtime's state.
+    pub store: Arc<Mutex<Store>>,
+    /// Temp dir holding socket, plugin dirs and logs.
+    pub dir: tempfile::TempDir,
+}
+
+impl TestRuntime {
+    /// Socket path for external plugins.
+    pub fn socket(dir: &Path) -> PathBuf {
+        dir.join("run/nri.sock")
+    }
+
+    /// An adaptation builder wired to `store`, socket and plugin dirs
+    /// inside `dir`; callers add options and build.
+    pub fn builder(dir: &Path, store: &Arc<Mutex<Store>>) -> AdaptationBuilder {
+        let sync_store = store.clone();
+        let update_store = store.clone();
+        let evict_store = store.clone();
+        Adaptation::builder("nri-test-runtime", "1.2.3")
+            .with_socket_path(Self::socket(dir))
+            .with_plugin_path(dir.join("plugins"))
+            .with_plugin_config_path(dir.join("conf.d"))
+            .with_sync_fn(move || {
+                let store = sync_store.clone();
+                async move {
+                    let mut s = store.lock().unwrap();
+                    s.syncs += 1;
+                    Ok(RuntimeState {
+                        pods: s.pods.values().cloned().collect(),
+                        containers: s.containers.values().cloned().collect(),
+                    })
+                }
+            })
+            .with_update_fn(move |updates| {
+                let store = update_store.clone();
+                async move {
+                    let mut s = store.lock().unwrap();
+                    let mut failed = Vec::new();
+                    for u in updates {
+                        match s.containers.get_mut(&u.container_id) {
+                            Some(c) => {
+                                let res = u.linux.resources.clone().unwrap_or_default();
+                                c.linux.mut_or_insert_default().resources =
+                                    protobuf::MessageField::some(res);
+                                s.applied.push(u);
+                            }
+                            None => failed.push(u),
+                        }
+                    }
+                    Ok(failed)
+                }
+            })
+            .with_evict_fn(move |ev| {
+                let store = evict_store.clone();
+                async move {
+                    store.lock().unwrap().evicted.push(ev);
+                    Ok(())
+                }
+            })
+    }
+
+    /// A started runtime with default options but `request_timeout`.
+    pub async fn start(request_timeout: Duration) -> TestRuntime {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(Mutex::new(Store::default()));
+        let nri = Self::builder(dir.path(), &store)
+            .with_request_timeout(request_timeout)
+            .build()
+            .expect("build adaptation");
+        nri.start().await.expect("start adaptation");
+        TestRuntime { nri, store, dir }
+    }
+
+    /// The external socket.
+    pub fn sock(&self) -> PathBuf {
+        Self::socket(self.dir.path())
+    }
+
+    /// A log file in the temp dir.
+    pub fn log(&self, name: &str) -> EventLog {
+        EventLog::new(self.dir.path().join(name))
+    }
+
+    /// Waits until the active plugins are exactly `names` (in order).
+    pub async fn wait_plugins(&self, names: &[&str]) {
+        wait_plugins(&self.nri, names).await;
+    }
+
+    /// Adds a pod and a container to the runtime's store (as if the runtime
+    /// had created them) and returns them.
+    pub fn add(&self, pod_id: &str, ctr_id: &str) -> (api::PodSandbox, api::Container) {
+        let pod = pod(pod_id);
+        let ctr = container(pod_id, ctr_id);
+        let mut s = self.store.lock().unwrap();
+        s.pods.insert(pod_id.into(), pod.clone());
+        s.containers.insert(ctr_id.into(), ctr.clone());
+        (pod, ctr)
+    }
+}
+
+/// Waits until `nri`'s active plugins are exactly `names` (20 s deadline).
+pub async fn wait_plugins(nri: &Adaptation, names: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = nri.plugin_names();
+        if now == names {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "plugins are {now:?}, expected {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A pod sandbox with an id, a name and a namespace.
+pub fn pod(id: &str) -> api::PodSandbox {
+    api::PodSandbox {
+        id: id.into(),
+        name: format!("{id}-name"),
+        namespace: "default".into(),
+        uid: format!("{id}-uid"),
+        ..Default::default()
+    }
+}
+
+/// A container of pod `pod_id` named after its id.
+pub fn container(pod_id: &str, id: &str) -> api::Container {
+    api::Container {
+        id: id.into(),
+        pod_sandbox_id: pod_id.into(),
+        name: id.into(),
+        ..Default::default()
+    }
+}
+
+/// A CreateContainerRequest for `pod`/`ctr`.
+pub fn create_request(pod: &api::PodSandbox, ctr: &api::Container) -> api::CreateContainerRequest {
+    api::CreateContainerRequest {
+        pod: protobuf::MessageField::some(pod.clone()),
+        container: protobuf::MessageField::some(ctr.clone()),
+        ..Default::default()
+    }
+}
