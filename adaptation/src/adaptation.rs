@@ -662,7 +662,7 @@ impl Adaptation {
         req: api::StopContainerRequest,
     ) -> Result<Vec<api::ContainerUpdate>, Error> {
         let _req = self.inner.request_lock.lock().await;
-        let mut result = UpdateResult::for_stop(&req);
+        let mut result = UpdateResult::for_stop();
         for p in self.snapshot() {
             if !p.subscribed(Event::STOP_CONTAINER) {
                 continue;

@@ -27,6 +27,7 @@ mod adaptation;
 pub mod config;
 pub mod error;
 pub mod launch;
+pub mod owners;
 mod plugin;
 pub mod result;
 

@@ -1,97 +1,1046 @@
-//! Merging plugin responses (interim: accumulates without conflict checks;
-//! replaced by the full NRI merge with ownership).
+//! Merging plugin responses, with ownership and conflict detection (NRI
+//! `pkg/adaptation/result.go`).
+//!
+//! Plugins are applied one by one, in invocation order. Each accepted
+//! adjustment is written back into the request, so later plugins see the
+//! container as earlier plugins changed it. The first conflict aborts the
+//! whole request: the caller gets the error and nothing partial.
+//!
+//! Conflict rules (section 3 of the NRI runtime semantics):
+//! * every adjustable field (or key of a keyed field) has at most one owner;
+//!   a second plugin setting it conflicts: `plugins "B" and "A" both tried
+//!   to set <Field>[ <key>]`, newer plugin first;
+//! * removing a key (`-key`, `-/mount/dest`, ...) clears its ownership to
+//!   the remover, who alone may then set it, so "remove, then set" in one
+//!   response is how a plugin takes over a key another plugin set;
+//! * OCI hooks accumulate and never conflict; cgroup device rules are
+//!   appended unchecked; namespaces are claimed even when removed.
+//!
+//! Deviations from upstream, each a fix of an upstream bug (tests pin them):
+//! * removal of an environment variable or device that came from the
+//!   runtime's original spec reaches the runtime as a `-NAME` / `-/dev/x`
+//!   entry (upstream drops it, so the spec keeps the variable);
+//! * the merged reply carries an `rdt` only when a plugin sent one;
+//! * namespaces keep their order in the request later plugins see;
+//! * an update with `ignore_failure` that fails leaves no claims and no
+//!   entry behind;
+//! * a pids limit in an update is applied (upstream tests the wrong value);
+//! * the UpdateContainer target's entry is always present: the requested
+//!   resources plus overrides (upstream appends nil when untouched);
+//! * keys of maps are processed in sorted order, so which conflict is
+//!   reported first is deterministic;
+//! * a conflict on a simple field has no trailing space after the field.
 
-use nri_proto::api;
+use std::collections::{BTreeMap, BTreeSet};
+
+use nri_proto::api::{self, Field};
+use protobuf::MessageField;
+
+use crate::owners::Owners;
 
 /// Conflicting or disallowed plugin adjustments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MergeError {
-    /// Two plugins set the same field.
-    #[error("plugins {first:?} and {second:?} both tried to set {field}")]
+    /// Two plugins set the same field (or the same key of a keyed field).
+    #[error("plugins {plugin:?} and {other:?} both tried to set {}", qualify(*.field, .key.as_deref()))]
     Conflict {
-        /// Plugin that set it first.
-        first: String,
-        /// Plugin that tried again.
-        second: String,
-        /// Field (and key).
-        field: String,
+        /// The plugin whose claim failed.
+        plugin: String,
+        /// The plugin that owns (or cleared) the field.
+        other: String,
+        /// The field.
+        field: Field,
+        /// The key within the field (env name, mount destination, ...).
+        key: Option<String>,
+    },
+    /// A plugin asked to update the container being created.
+    #[error("plugin {plugin:?} asked update of {container:?} during creation")]
+    UpdateDuringCreation {
+        /// The plugin.
+        plugin: String,
+        /// The container being created.
+        container: String,
     },
 }
 
-/// Accumulates CreateContainer responses.
+fn qualify(field: Field, key: Option<&str>) -> String {
+    match key {
+        Some(k) => format!("{field:?} {k}"),
+        None => format!("{field:?}"),
+    }
+}
+
+fn removal_key(key: &str) -> Option<&str> {
+    key.strip_prefix('-').filter(|k| !k.is_empty())
+}
+
+fn env_key(entry: &str) -> &str {
+    entry.split_once('=').map_or(entry, |(k, _)| k)
+}
+
+/// Fills every absent part of a container with an empty value, as upstream
+/// does before the first plugin sees it (plugins receive present-but-empty
+/// `hooks`, `linux`, `linux.resources`, `.memory` and `.cpu`).
+pub fn normalize_container(c: &mut api::Container) {
+    c.hooks.mut_or_insert_default();
+    let linux = c.linux.mut_or_insert_default();
+    let res = linux.resources.mut_or_insert_default();
+    res.memory.mut_or_insert_default();
+    res.cpu.mut_or_insert_default();
+}
+
+fn empty_adjustment() -> api::ContainerAdjustment {
+    let mut a = api::ContainerAdjustment::new();
+    a.hooks.mut_or_insert_default();
+    let res = a
+        .linux
+        .mut_or_insert_default()
+        .resources
+        .mut_or_insert_default();
+    res.memory.mut_or_insert_default();
+    res.cpu.mut_or_insert_default();
+    a
+}
+
+/// Accumulates the CreateContainer responses of all plugins.
+#[derive(Debug, Clone)]
 pub struct CreateResult {
     request: api::CreateContainerRequest,
-    reply: api::CreateContainerResponse,
+    pristine: api::Container,
+    reply: api::ContainerAdjustment,
+    updates: Updates,
+    owners: Owners,
 }
 
 impl CreateResult {
-    /// Starts from the runtime's request.
-    pub fn new(request: api::CreateContainerRequest) -> Self {
+    /// Starts from the runtime's request (normalized, see
+    /// [`normalize_container`]).
+    pub fn new(mut request: api::CreateContainerRequest) -> Self {
+        normalize_container(request.container.mut_or_insert_default());
+        request.pod.mut_or_insert_default();
+        let pristine = request.container.get_or_default().clone();
         CreateResult {
             request,
-            reply: api::CreateContainerResponse::new(),
+            pristine,
+            reply: empty_adjustment(),
+            updates: Updates::default(),
+            owners: Owners::new(),
         }
     }
-    /// The request as the next plugin sees it.
+
+    /// The request as the next plugin sees it: the container with every
+    /// adjustment accepted so far.
     pub fn request(&self) -> &api::CreateContainerRequest {
         &self.request
     }
-    /// Merges one plugin's response.
+
+    /// The container before any plugin changed it (what validators get).
+    pub fn pristine(&self) -> &api::Container {
+        &self.pristine
+    }
+
+    /// Ownership records so far.
+    pub fn owners(&self) -> &Owners {
+        &self.owners
+    }
+
+    /// The merged adjustment so far.
+    pub fn adjustment(&self) -> &api::ContainerAdjustment {
+        &self.reply
+    }
+
+    /// The merged updates of other containers so far.
+    pub fn updates(&self) -> &[api::ContainerUpdate] {
+        &self.updates.list
+    }
+
+    fn id(&self) -> String {
+        self.request.container.id.clone()
+    }
+
+    /// Merges one plugin's response. On error this result must be dropped
+    /// (the runtime request fails as a whole).
+    ///
+    /// # Errors
+    /// [`MergeError::Conflict`], [`MergeError::UpdateDuringCreation`].
     pub fn apply(
         &mut self,
-        _plugin: &str,
+        plugin: &str,
         rsp: api::CreateContainerResponse,
     ) -> Result<(), MergeError> {
-        let adj = self.reply.adjust.mut_or_insert_default();
-        if let Some(a) = rsp.adjust.into_option() {
-            adj.env.extend(a.env);
-            adj.annotations.extend(a.annotations);
+        if let Some(adj) = rsp.adjust.into_option() {
+            self.adjust(plugin, adj)?;
         }
-        self.reply.update.extend(rsp.update);
+        let id = self.id();
+        for u in &rsp.update {
+            if u.container_id == id {
+                return Err(MergeError::UpdateDuringCreation {
+                    plugin: plugin.to_string(),
+                    container: id,
+                });
+            }
+        }
+        self.updates
+            .merge(&mut self.owners, plugin, rsp.update, None)
+    }
+
+    /// The merged response: the adjustment and the updates of other containers.
+    pub fn into_response(self) -> api::CreateContainerResponse {
+        api::CreateContainerResponse {
+            adjust: MessageField::some(self.reply),
+            update: self.updates.list,
+            ..Default::default()
+        }
+    }
+
+    /// Splits into (response, pristine container, owners).
+    pub fn into_parts(self) -> (api::CreateContainerResponse, api::Container, Owners) {
+        let pristine = self.pristine.clone();
+        let owners = self.owners.clone();
+        (self.into_response(), pristine, owners)
+    }
+
+    fn adjust(&mut self, plugin: &str, a: api::ContainerAdjustment) -> Result<(), MergeError> {
+        self.annotations(plugin, a.annotations)?;
+        self.mounts(plugin, a.mounts)?;
+        self.env(plugin, a.env)?;
+        self.args(plugin, a.args)?;
+        if let Some(h) = a.hooks.into_option() {
+            self.hooks(plugin, h);
+        }
+        if let Some(l) = a.linux.into_option() {
+            self.devices(plugin, l.devices)?;
+            if let Some(r) = l.resources.into_option() {
+                self.resources(plugin, r)?;
+            }
+            self.linux_simple(
+                plugin,
+                l.cgroups_path,
+                l.oom_score_adj,
+                l.io_priority,
+                l.seccomp_policy,
+            )?;
+            self.namespaces(plugin, l.namespaces)?;
+            self.sysctl(plugin, l.sysctl)?;
+            self.net_devices(plugin, l.net_devices)?;
+            if let Some(s) = l.scheduler.into_option() {
+                self.owners
+                    .claim_simple(&self.id(), Field::LinuxSched, plugin)?;
+                self.ctr_linux().scheduler = MessageField::some(s.clone());
+                self.reply.linux.mut_or_insert_default().scheduler = MessageField::some(s);
+            }
+            if let Some(rdt) = l.rdt.into_option() {
+                self.rdt(plugin, rdt)?;
+            }
+            if let Some(mp) = l.memory_policy.into_option() {
+                self.owners
+                    .claim_simple(&self.id(), Field::MemoryPolicy, plugin)?;
+                self.reply.linux.mut_or_insert_default().memory_policy = MessageField::some(mp);
+            }
+        }
+        let id = self.id();
+        for rl in a.rlimits {
+            self.owners
+                .claim_compound(&id, Field::Rlimits, &rl.type_, plugin)?;
+            self.request
+                .container
+                .mut_or_insert_default()
+                .rlimits
+                .push(rl.clone());
+            self.reply.rlimits.push(rl);
+        }
+        for d in a.CDI_devices {
+            self.owners
+                .claim_compound(&id, Field::CdiDevices, &d.name, plugin)?;
+            self.reply.CDI_devices.push(d);
+        }
         Ok(())
     }
-    /// The merged response.
-    pub fn into_response(self) -> api::CreateContainerResponse {
-        self.reply
+
+    /// Annotations, sysctl and net devices: maps with `-key` removals.
+    fn annotations(
+        &mut self,
+        plugin: &str,
+        m: std::collections::HashMap<String, String>,
+    ) -> Result<(), MergeError> {
+        if m.is_empty() {
+            return Ok(());
+        }
+        let id = self.id();
+        let (dels, sets) = split_map(m);
+        let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
+        for (k, v) in sets {
+            let ctr = &mut self.request.container.mut_or_insert_default().annotations;
+            if dels.contains(&k) {
+                self.owners
+                    .clear_compound(&id, Field::Annotations, &k, plugin);
+                ctr.remove(&k);
+                self.reply
+                    .annotations
+                    .insert(format!("-{k}"), String::new());
+            }
+            self.owners
+                .claim_compound(&id, Field::Annotations, &k, plugin)?;
+            let ctr = &mut self.request.container.mut_or_insert_default().annotations;
+            ctr.insert(k.clone(), v.clone());
+            self.reply.annotations.insert(k, v);
+        }
+        // Removal-only keys reach the runtime as markers; ownership and the
+        // request are left alone (upstream).
+        for k in dels.difference(&set_keys) {
+            self.reply
+                .annotations
+                .insert(format!("-{k}"), String::new());
+        }
+        Ok(())
+    }
+
+    fn sysctl(
+        &mut self,
+        plugin: &str,
+        m: std::collections::HashMap<String, String>,
+    ) -> Result<(), MergeError> {
+        if m.is_empty() {
+            return Ok(());
+        }
+        let id = self.id();
+        let (dels, sets) = split_map(m);
+        let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
+        for (k, v) in sets {
+            if dels.contains(&k) {
+                self.owners.clear_compound(&id, Field::Sysctl, &k, plugin);
+                self.ctr_linux().sysctl.remove(&k);
+                self.reply_linux()
+                    .sysctl
+                    .insert(format!("-{k}"), String::new());
+            }
+            self.owners.claim_compound(&id, Field::Sysctl, &k, plugin)?;
+            self.ctr_linux().sysctl.insert(k.clone(), v.clone());
+            self.reply_linux().sysctl.insert(k, v);
+        }
+        for k in dels.difference(&set_keys) {
+            self.reply_linux()
+                .sysctl
+                .insert(format!("-{k}"), String::new());
+        }
+        Ok(())
+    }
+
+    fn net_devices(
+        &mut self,
+        plugin: &str,
+        m: std::collections::HashMap<String, api::LinuxNetDevice>,
+    ) -> Result<(), MergeError> {
+        if m.is_empty() {
+            return Ok(());
+        }
+        let id = self.id();
+        let (dels, sets) = split_map(m);
+        let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
+        for (k, v) in sets {
+            if dels.contains(&k) {
+                self.owners
+                    .clear_compound(&id, Field::LinuxNetDevices, &k, plugin);
+                self.ctr_linux().net_devices.remove(&k);
+                self.reply_linux()
+                    .net_devices
+                    .insert(format!("-{k}"), api::LinuxNetDevice::new());
+            }
+            self.owners
+                .claim_compound(&id, Field::LinuxNetDevices, &k, plugin)?;
+            self.ctr_linux().net_devices.insert(k.clone(), v.clone());
+            self.reply_linux().net_devices.insert(k, v);
+        }
+        for k in dels.difference(&set_keys) {
+            self.reply_linux()
+                .net_devices
+                .insert(format!("-{k}"), api::LinuxNetDevice::new());
+        }
+        Ok(())
+    }
+
+    fn ctr_linux(&mut self) -> &mut api::LinuxContainer {
+        self.request
+            .container
+            .mut_or_insert_default()
+            .linux
+            .mut_or_insert_default()
+    }
+
+    fn reply_linux(&mut self) -> &mut api::LinuxContainerAdjustment {
+        self.reply.linux.mut_or_insert_default()
+    }
+
+    fn mounts(&mut self, plugin: &str, mounts: Vec<api::Mount>) -> Result<(), MergeError> {
+        if mounts.is_empty() {
+            return Ok(());
+        }
+        let id = self.id();
+        let (del, add) = split_keyed(mounts, |m| &m.destination);
+        // Removals drop what earlier plugins added, clearing their ownership.
+        let mut kept = Vec::new();
+        for m in std::mem::take(&mut self.reply.mounts) {
+            if del.contains_key(&m.destination) {
+                self.owners
+                    .clear_compound(&id, Field::Mounts, &m.destination, plugin);
+            } else {
+                kept.push(m);
+            }
+        }
+        self.reply.mounts = kept;
+        let mods: BTreeSet<&String> = add.iter().map(|m| &m.destination).collect();
+        let ctr = self.request.container.mut_or_insert_default();
+        ctr.mounts
+            .retain(|m| !del.contains_key(&m.destination) && !mods.contains(&m.destination));
+        for m in &add {
+            self.owners
+                .claim_compound(&id, Field::Mounts, &m.destination, plugin)?;
+            self.reply.mounts.push(m.clone());
+        }
+        for (key, m) in &del {
+            let already = self
+                .reply
+                .mounts
+                .iter()
+                .any(|x| x.destination == m.destination);
+            if !mods.contains(key) && !already {
+                self.reply.mounts.push(m.clone());
+            }
+        }
+        self.request
+            .container
+            .mut_or_insert_default()
+            .mounts
+            .extend(add);
+        Ok(())
+    }
+
+    fn devices(&mut self, plugin: &str, devices: Vec<api::LinuxDevice>) -> Result<(), MergeError> {
+        if devices.is_empty() {
+            return Ok(());
+        }
+        let id = self.id();
+        let (del, add) = split_keyed(devices, |d| &d.path);
+        let reply = self.reply_linux();
+        let mut cleared = Vec::new();
+        let mut kept = Vec::new();
+        for d in std::mem::take(&mut reply.devices) {
+            if del.contains_key(&d.path) {
+                cleared.push(d.path.clone());
+            } else {
+                kept.push(d);
+            }
+        }
+        reply.devices = kept;
+        for path in cleared {
+            self.owners
+                .clear_compound(&id, Field::Devices, &path, plugin);
+        }
+        let mods: BTreeSet<&String> = add.iter().map(|d| &d.path).collect();
+        self.ctr_linux()
+            .devices
+            .retain(|d| !del.contains_key(&d.path) && !mods.contains(&d.path));
+        for d in &add {
+            self.owners
+                .claim_compound(&id, Field::Devices, &d.path, plugin)?;
+            self.reply_linux().devices.push(d.clone());
+        }
+        // Fix of upstream: forward the removal so the runtime drops an
+        // original device too.
+        for (key, d) in &del {
+            let reply = self.reply_linux();
+            if !mods.contains(key) && !reply.devices.iter().any(|x| x.path == d.path) {
+                reply.devices.push(d.clone());
+            }
+        }
+        self.ctr_linux().devices.extend(add);
+        Ok(())
+    }
+
+    fn env(&mut self, plugin: &str, env: Vec<api::KeyValue>) -> Result<(), MergeError> {
+        if env.is_empty() {
+            return Ok(());
+        }
+        let id = self.id();
+        let (del, add) = split_keyed(env, |e| &e.key);
+        let mut kept = Vec::new();
+        for e in std::mem::take(&mut self.reply.env) {
+            if del.contains_key(&e.key) {
+                self.owners.clear_compound(&id, Field::Env, &e.key, plugin);
+            } else {
+                kept.push(e);
+            }
+        }
+        self.reply.env = kept;
+        let mods: BTreeSet<&String> = add.iter().map(|e| &e.key).collect();
+        let ctr = self.request.container.mut_or_insert_default();
+        ctr.env.retain(|e| {
+            let k = env_key(e);
+            !del.contains_key(k) && !mods.contains(&k.to_string())
+        });
+        for e in &add {
+            self.owners
+                .claim_compound(&id, Field::Env, &e.key, plugin)?;
+            self.reply.env.push(e.clone());
+        }
+        // Fix of upstream: forward the removal of an original variable.
+        for (key, e) in &del {
+            if !mods.contains(key) && !self.reply.env.iter().any(|x| x.key == e.key) {
+                self.reply.env.push(e.clone());
+            }
+        }
+        let ctr = self.request.container.mut_or_insert_default();
+        ctr.env
+            .extend(add.iter().map(|e| format!("{}={}", e.key, e.value)));
+        Ok(())
+    }
+
+    fn args(&mut self, plugin: &str, mut args: Vec<String>) -> Result<(), MergeError> {
+        if args.is_empty() {
+            return Ok(());
+        }
+        let id = self.id();
+        if args[0].is_empty() {
+            // A leading "" overrides whoever set the args before.
+            self.owners.clear_simple(&id, Field::Args, plugin);
+            args.remove(0);
+        }
+        self.owners.claim_simple(&id, Field::Args, plugin)?;
+        self.request.container.mut_or_insert_default().args = args.clone();
+        self.reply.args = args;
+        Ok(())
+    }
+
+    fn hooks(&mut self, plugin: &str, h: api::Hooks) {
+        let id = self.id();
+        let reply = self.reply.hooks.mut_or_insert_default();
+        let ctr = self
+            .request
+            .container
+            .mut_or_insert_default()
+            .hooks
+            .mut_or_insert_default();
+        let mut claim = false;
+        for (src, r, c) in [
+            (h.prestart, &mut reply.prestart, &mut ctr.prestart),
+            (
+                h.create_runtime,
+                &mut reply.create_runtime,
+                &mut ctr.create_runtime,
+            ),
+            (
+                h.create_container,
+                &mut reply.create_container,
+                &mut ctr.create_container,
+            ),
+            (
+                h.start_container,
+                &mut reply.start_container,
+                &mut ctr.start_container,
+            ),
+            (h.poststart, &mut reply.poststart, &mut ctr.poststart),
+            (h.poststop, &mut reply.poststop, &mut ctr.poststop),
+        ] {
+            if !src.is_empty() {
+                r.extend(src.iter().cloned());
+                c.extend(src);
+                claim = true;
+            }
+        }
+        if claim {
+            self.owners.accumulate(&id, Field::OciHooks, plugin);
+        }
+    }
+
+    fn resources(&mut self, plugin: &str, r: api::LinuxResources) -> Result<(), MergeError> {
+        let id = self.id();
+        {
+            let ctr_res = self
+                .request
+                .container
+                .mut_or_insert_default()
+                .linux
+                .mut_or_insert_default()
+                .resources
+                .mut_or_insert_default();
+            let reply_res = self
+                .reply
+                .linux
+                .mut_or_insert_default()
+                .resources
+                .mut_or_insert_default();
+            if let Some(m) = r.memory.as_ref() {
+                merge_memory(
+                    &mut self.owners,
+                    &id,
+                    plugin,
+                    m,
+                    ctr_res.memory.mut_or_insert_default(),
+                )?;
+                merge_memory(
+                    &mut Owners::new(),
+                    &id,
+                    plugin,
+                    m,
+                    reply_res.memory.mut_or_insert_default(),
+                )?;
+            }
+            if let Some(c) = r.cpu.as_ref() {
+                merge_cpu(
+                    &mut self.owners,
+                    &id,
+                    plugin,
+                    c,
+                    ctr_res.cpu.mut_or_insert_default(),
+                )?;
+                merge_cpu(
+                    &mut Owners::new(),
+                    &id,
+                    plugin,
+                    c,
+                    reply_res.cpu.mut_or_insert_default(),
+                )?;
+            }
+            for l in &r.hugepage_limits {
+                self.owners
+                    .claim_compound(&id, Field::HugepageLimits, &l.page_size, plugin)?;
+                ctr_res.hugepage_limits.push(l.clone());
+                reply_res.hugepage_limits.push(l.clone());
+            }
+            // Device cgroup rules: appended, never conflict-checked (upstream).
+            ctr_res.devices.extend(r.devices.iter().cloned());
+            reply_res.devices.extend(r.devices.iter().cloned());
+            for (k, v) in sorted(&r.unified) {
+                self.owners
+                    .claim_compound(&id, Field::CgroupsUnified, k, plugin)?;
+                ctr_res.unified.insert(k.clone(), v.clone());
+                reply_res.unified.insert(k.clone(), v.clone());
+            }
+            if let Some(v) = r.blockio_class.as_ref() {
+                self.owners.claim_simple(&id, Field::BlockioClass, plugin)?;
+                ctr_res.blockio_class = MessageField::some(v.clone());
+                reply_res.blockio_class = MessageField::some(v.clone());
+            }
+            if let Some(v) = r.rdt_class.as_ref() {
+                self.owners.claim_simple(&id, Field::RdtClass, plugin)?;
+                ctr_res.rdt_class = MessageField::some(v.clone());
+                reply_res.rdt_class = MessageField::some(v.clone());
+            }
+            if let Some(v) = r.pids.as_ref() {
+                self.owners.claim_simple(&id, Field::PidsLimit, plugin)?;
+                ctr_res.pids = MessageField::some(v.clone());
+                reply_res.pids = MessageField::some(v.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn linux_simple(
+        &mut self,
+        plugin: &str,
+        cgroups_path: String,
+        oom: MessageField<api::OptionalInt>,
+        io: MessageField<api::LinuxIOPriority>,
+        seccomp: MessageField<api::LinuxSeccomp>,
+    ) -> Result<(), MergeError> {
+        let id = self.id();
+        if !cgroups_path.is_empty() {
+            self.owners.claim_simple(&id, Field::CgroupsPath, plugin)?;
+            self.ctr_linux().cgroups_path = cgroups_path.clone();
+            self.reply_linux().cgroups_path = cgroups_path;
+        }
+        if let Some(v) = oom.into_option() {
+            self.owners.claim_simple(&id, Field::OomScoreAdj, plugin)?;
+            self.ctr_linux().oom_score_adj = MessageField::some(v.clone());
+            self.reply_linux().oom_score_adj = MessageField::some(v);
+        }
+        if let Some(v) = io.into_option() {
+            self.owners.claim_simple(&id, Field::IoPriority, plugin)?;
+            self.ctr_linux().io_priority = MessageField::some(v.clone());
+            self.reply_linux().io_priority = MessageField::some(v);
+        }
+        if let Some(v) = seccomp.into_option() {
+            self.owners
+                .claim_simple(&id, Field::SeccompPolicy, plugin)?;
+            self.ctr_linux().seccomp_policy = MessageField::some(v.clone());
+            self.reply_linux().seccomp_policy = MessageField::some(v);
+        }
+        Ok(())
+    }
+
+    fn namespaces(
+        &mut self,
+        plugin: &str,
+        nss: Vec<api::LinuxNamespace>,
+    ) -> Result<(), MergeError> {
+        let id = self.id();
+        for n in nss {
+            let (key, removal) = match removal_key(&n.type_) {
+                Some(k) => (k.to_string(), true),
+                None => (n.type_.clone(), false),
+            };
+            // Removals claim too: a second plugin touching the type conflicts.
+            self.owners
+                .claim_compound(&id, Field::Namespace, &key, plugin)?;
+            let ctr = &mut self.ctr_linux().namespaces;
+            if removal {
+                ctr.retain(|x| x.type_ != key);
+            } else if let Some(existing) = ctr.iter_mut().find(|x| x.type_ == key) {
+                *existing = n.clone();
+            } else {
+                ctr.push(n.clone());
+            }
+            self.reply_linux().namespaces.push(n);
+        }
+        Ok(())
+    }
+
+    fn rdt(&mut self, plugin: &str, rdt: api::LinuxRdt) -> Result<(), MergeError> {
+        let id = self.id();
+        if rdt.remove {
+            for f in [
+                Field::RdtClosID,
+                Field::RdtSchemata,
+                Field::RdtEnableMonitoring,
+            ] {
+                self.owners.clear_simple(&id, f, plugin);
+            }
+            self.reply_linux().rdt = MessageField::some(api::LinuxRdt {
+                remove: true,
+                ..Default::default()
+            });
+        }
+        if let Some(v) = rdt.clos_id.into_option() {
+            self.owners.claim_simple(&id, Field::RdtClosID, plugin)?;
+            let r = self.reply_linux().rdt.mut_or_insert_default();
+            r.clos_id = MessageField::some(v);
+            r.remove = false;
+        }
+        if let Some(v) = rdt.schemata.into_option() {
+            self.owners.claim_simple(&id, Field::RdtSchemata, plugin)?;
+            let r = self.reply_linux().rdt.mut_or_insert_default();
+            r.schemata = MessageField::some(v);
+            r.remove = false;
+        }
+        if let Some(v) = rdt.enable_monitoring.into_option() {
+            self.owners
+                .claim_simple(&id, Field::RdtEnableMonitoring, plugin)?;
+            let r = self.reply_linux().rdt.mut_or_insert_default();
+            r.enable_monitoring = MessageField::some(v);
+            r.remove = false;
+        }
+        Ok(())
     }
 }
 
-/// Accumulates UpdateContainer / StopContainer updates.
+fn sorted<V>(m: &std::collections::HashMap<String, V>) -> BTreeMap<&String, &V> {
+    m.iter().collect()
+}
+
+/// Splits a map into removal keys and (sorted) sets.
+fn split_map<V>(
+    m: std::collections::HashMap<String, V>,
+) -> (BTreeSet<String>, BTreeMap<String, V>) {
+    let mut dels = BTreeSet::new();
+    let mut sets = BTreeMap::new();
+    for (k, v) in m {
+        match removal_key(&k) {
+            Some(key) => {
+                dels.insert(key.to_string());
+            }
+            None => {
+                sets.insert(k, v);
+            }
+        }
+    }
+    (dels, sets)
+}
+
+/// Splits keyed list entries into removals (by unmarked key) and additions.
+fn split_keyed<T>(items: Vec<T>, key: impl Fn(&T) -> &String) -> (BTreeMap<String, T>, Vec<T>) {
+    let mut del = BTreeMap::new();
+    let mut add = Vec::new();
+    for it in items {
+        match removal_key(key(&it)) {
+            Some(k) => {
+                del.insert(k.to_string(), it);
+            }
+            None => add.push(it),
+        }
+    }
+    (del, add)
+}
+
+fn merge_memory(
+    owners: &mut Owners,
+    id: &str,
+    plugin: &str,
+    m: &api::LinuxMemory,
+    target: &mut api::LinuxMemory,
+) -> Result<(), MergeError> {
+    macro_rules! field {
+        ($f:ident, $owner:expr) => {
+            if let Some(v) = m.$f.as_ref() {
+                owners.claim_simple(id, $owner, plugin)?;
+                target.$f = MessageField::some(v.clone());
+            }
+        };
+    }
+    field!(limit, Field::MemLimit);
+    field!(reservation, Field::MemReservation);
+    field!(swap, Field::MemSwapLimit);
+    field!(kernel, Field::MemKernelLimit);
+    field!(kernel_tcp, Field::MemTCPLimit);
+    field!(swappiness, Field::MemSwappiness);
+    field!(disable_oom_killer, Field::MemDisableOomKiller);
+    field!(use_hierarchy, Field::MemUseHierarchy);
+    Ok(())
+}
+
+fn merge_cpu(
+    owners: &mut Owners,
+    id: &str,
+    plugin: &str,
+    c: &api::LinuxCPU,
+    target: &mut api::LinuxCPU,
+) -> Result<(), MergeError> {
+    macro_rules! field {
+        ($f:ident, $owner:expr) => {
+            if let Some(v) = c.$f.as_ref() {
+                owners.claim_simple(id, $owner, plugin)?;
+                target.$f = MessageField::some(v.clone());
+            }
+        };
+    }
+    field!(shares, Field::CPUShares);
+    field!(quota, Field::CPUQuota);
+    field!(period, Field::CPUPeriod);
+    field!(realtime_runtime, Field::CPURealtimeRuntime);
+    field!(realtime_period, Field::CPURealtimePeriod);
+    if !c.cpus.is_empty() {
+        owners.claim_simple(id, Field::CPUSetCPUs, plugin)?;
+        target.cpus = c.cpus.clone();
+    }
+    if !c.mems.is_empty() {
+        owners.claim_simple(id, Field::CPUSetMems, plugin)?;
+        target.mems = c.mems.clone();
+    }
+    Ok(())
+}
+
+/// Merged container updates, in first-touch order.
+#[derive(Debug, Clone, Default)]
+struct Updates {
+    list: Vec<api::ContainerUpdate>,
+}
+
+impl Updates {
+    fn position(&self, id: &str) -> Option<usize> {
+        self.list.iter().position(|u| u.container_id == id)
+    }
+
+    /// Merges `updates` from `plugin`. `target` is the UpdateContainer
+    /// request whose container's resources start from the request.
+    fn merge(
+        &mut self,
+        owners: &mut Owners,
+        plugin: &str,
+        updates: Vec<api::ContainerUpdate>,
+        mut target: Option<&mut api::UpdateContainerRequest>,
+    ) -> Result<(), MergeError> {
+        for u in updates {
+            let Some(res) = u.linux.resources.as_ref() else {
+                // Nothing to merge, but the container is touched (upstream
+                // creates the entry before looking at resources).
+                self.entry(&u);
+                continue;
+            };
+            let id = u.container_id.clone();
+            let is_target = target.as_ref().is_some_and(|t| t.container.id == id);
+            let previous_flag = self.position(&id).map(|i| self.list[i].ignore_failure);
+            let idx = self.entry(&u);
+            let base = if is_target {
+                target
+                    .as_ref()
+                    .expect("target")
+                    .linux_resources
+                    .get_or_default()
+                    .clone()
+            } else {
+                self.list[idx].linux.resources.get_or_default().clone()
+            };
+            // Transactional per update: claims and entry survive only on success.
+            let saved = owners.clone();
+            match merge_update_resources(owners, &id, plugin, res, base) {
+                Ok(merged) => {
+                    if let (true, Some(t)) = (is_target, target.as_mut()) {
+                        t.linux_resources = MessageField::some(merged.clone());
+                    }
+                    self.list[idx].linux.mut_or_insert_default().resources =
+                        MessageField::some(merged);
+                }
+                Err(e) if u.ignore_failure => {
+                    // Leave no trace of the failed update (upstream keeps its
+                    // claims and its entry).
+                    tracing::info!(plugin, container = %id, error = %e, "ignoring failed container update");
+                    *owners = saved;
+                    match previous_flag {
+                        Some(flag) => self.list[idx].ignore_failure = flag,
+                        None => {
+                            self.list.remove(idx);
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The merged entry for `u`'s container, created on first touch.
+    fn entry(&mut self, u: &api::ContainerUpdate) -> usize {
+        if let Some(i) = self.position(&u.container_id) {
+            let e = &mut self.list[i];
+            e.ignore_failure = e.ignore_failure && u.ignore_failure;
+            return i;
+        }
+        let mut e = api::ContainerUpdate::new();
+        e.container_id = u.container_id.clone();
+        e.ignore_failure = u.ignore_failure;
+        let res = e
+            .linux
+            .mut_or_insert_default()
+            .resources
+            .mut_or_insert_default();
+        res.memory.mut_or_insert_default();
+        res.cpu.mut_or_insert_default();
+        self.list.push(e);
+        self.list.len() - 1
+    }
+}
+
+fn merge_update_resources(
+    owners: &mut Owners,
+    id: &str,
+    plugin: &str,
+    u: &api::LinuxResources,
+    mut base: api::LinuxResources,
+) -> Result<api::LinuxResources, MergeError> {
+    if let Some(m) = u.memory.as_ref() {
+        merge_memory(owners, id, plugin, m, base.memory.mut_or_insert_default())?;
+    }
+    if let Some(c) = u.cpu.as_ref() {
+        merge_cpu(owners, id, plugin, c, base.cpu.mut_or_insert_default())?;
+    }
+    for l in &u.hugepage_limits {
+        owners.claim_compound(id, Field::HugepageLimits, &l.page_size, plugin)?;
+        base.hugepage_limits.retain(|x| x.page_size != l.page_size);
+        base.hugepage_limits.push(l.clone());
+    }
+    for (k, v) in sorted(&u.unified) {
+        owners.claim_compound(id, Field::CgroupsUnified, k, plugin)?;
+        base.unified.insert(k.clone(), v.clone());
+    }
+    if let Some(v) = u.blockio_class.as_ref() {
+        owners.claim_simple(id, Field::BlockioClass, plugin)?;
+        base.blockio_class = MessageField::some(v.clone());
+    }
+    if let Some(v) = u.rdt_class.as_ref() {
+        owners.claim_simple(id, Field::RdtClass, plugin)?;
+        base.rdt_class = MessageField::some(v.clone());
+    }
+    // Fix of upstream, which tests the existing value instead of the plugin's.
+    if let Some(v) = u.pids.as_ref() {
+        owners.claim_simple(id, Field::PidsLimit, plugin)?;
+        base.pids = MessageField::some(v.clone());
+    }
+    Ok(base)
+}
+
+/// Accumulates UpdateContainer or StopContainer replies.
+#[derive(Debug, Clone)]
 pub struct UpdateResult {
-    request: api::UpdateContainerRequest,
-    updates: Vec<api::ContainerUpdate>,
+    /// For UpdateContainer: the request, whose resources track the target's
+    /// merged resources. `None` for StopContainer.
+    request: Option<api::UpdateContainerRequest>,
+    updates: Updates,
+    owners: Owners,
 }
 
 impl UpdateResult {
-    /// For UpdateContainer.
-    pub fn for_update(request: api::UpdateContainerRequest) -> Self {
+    /// For UpdateContainer: the target's entry starts from the requested
+    /// resources (normalized: `memory` and `cpu` present).
+    pub fn for_update(mut request: api::UpdateContainerRequest) -> Self {
+        let res = request.linux_resources.mut_or_insert_default();
+        res.memory.mut_or_insert_default();
+        res.cpu.mut_or_insert_default();
+        request.pod.mut_or_insert_default();
+        request.container.mut_or_insert_default();
         UpdateResult {
-            request,
-            updates: Vec::new(),
+            request: Some(request),
+            updates: Updates::default(),
+            owners: Owners::new(),
         }
     }
+
     /// For StopContainer.
-    pub fn for_stop(_req: &api::StopContainerRequest) -> Self {
+    pub fn for_stop() -> Self {
         UpdateResult {
-            request: api::UpdateContainerRequest::new(),
-            updates: Vec::new(),
+            request: None,
+            updates: Updates::default(),
+            owners: Owners::new(),
         }
     }
-    /// The request as the next plugin sees it.
+
+    /// The UpdateContainer request as the next plugin sees it (its
+    /// resources include earlier plugins' overrides).
+    ///
+    /// # Panics
+    /// On a StopContainer result.
     pub fn update_request(&self) -> &api::UpdateContainerRequest {
-        &self.request
+        self.request.as_ref().expect("UpdateContainer result")
     }
+
+    /// Ownership records so far.
+    pub fn owners(&self) -> &Owners {
+        &self.owners
+    }
+
     /// Merges one plugin's updates.
+    ///
+    /// # Errors
+    /// [`MergeError::Conflict`] when two plugins set the same resource of
+    /// the same container (unless every contributor allowed failure).
     pub fn apply(
         &mut self,
-        _plugin: &str,
+        plugin: &str,
         updates: Vec<api::ContainerUpdate>,
     ) -> Result<(), MergeError> {
-        self.updates.extend(updates);
-        Ok(())
-    }
-    /// The merged updates.
-    pub fn into_updates(self) -> Vec<api::ContainerUpdate> {
         self.updates
+            .merge(&mut self.owners, plugin, updates, self.request.as_mut())
+    }
+
+    /// The merged updates. For UpdateContainer the last element is the
+    /// target container: its complete new resources.
+    pub fn into_updates(self) -> Vec<api::ContainerUpdate> {
+        let mut list = self.updates.list;
+        if let Some(req) = self.request {
+            let id = req.container.id.clone();
+            let pos = list.iter().position(|u| u.container_id == id);
+            let mut target = match pos {
+                Some(i) => list.remove(i),
+                None => {
+                    let mut e = api::ContainerUpdate::new();
+                    e.container_id = id;
+                    e
+                }
+            };
+            target.linux.mut_or_insert_default().resources = req.linux_resources;
+            list.push(target);
+        }
+        list
     }
 }
+
+#[cfg(test)]
+mod tests;
