@@ -140,6 +140,17 @@ impl AdaptationBuilder {
         self
     }
 
+    /// Enables the built-in default validator (`00-default-validator`)
+    /// with `cfg` (its `enable` flag is set for you).
+    pub fn with_default_validator(
+        mut self,
+        mut cfg: crate::validate::DefaultValidatorConfig,
+    ) -> Self {
+        cfg.enable = true;
+        self.opts.default_validator = cfg;
+        self
+    }
+
     /// Failure policy of plugins without their own.
     pub fn with_default_failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.opts.default_failure_policy = policy;
@@ -560,16 +571,103 @@ impl Adaptation {
     ) -> Result<api::CreateContainerResponse, Error> {
         let _req = self.inner.request_lock.lock().await;
         let mut result = CreateResult::new(req);
-        for p in self.snapshot() {
+        // Plugins present for validation: builtins, plugins that do not
+        // handle CreateContainer, and those that answered it. A plugin that
+        // failed or timed out does not count (fix of NRI #316, case R5).
+        let mut present = Vec::new();
+        if self.inner.opts.default_validator.enable {
+            present.push(instance("00", "default-validator"));
+        }
+        let plugins = self.snapshot();
+        for p in &plugins {
             if !p.subscribed(Event::CREATE_CONTAINER) {
+                if !p.is_closed() {
+                    present.push(instance(&p.idx, &p.base));
+                }
                 continue;
             }
             match p.create_container(result.request()).await {
-                Ok(rsp) => result.apply(&p.name(), rsp)?,
-                Err(e) => self.plugin_failed(&p, Event::CREATE_CONTAINER, e).await?,
+                Ok(rsp) => {
+                    present.push(instance(&p.idx, &p.base));
+                    result.apply(&p.name(), rsp)?;
+                }
+                Err(e) => self.plugin_failed(p, Event::CREATE_CONTAINER, e).await?,
             }
         }
-        Ok(result.into_response())
+        let pod = result.request().pod.get_or_default().clone();
+        let (rsp, pristine, owners) = result.into_parts();
+        self.validate(&plugins, pod, pristine, &rsp, owners, present)
+            .await?;
+        Ok(rsp)
+    }
+
+    /// Runs every validator concurrently; the first rejection or failure in
+    /// plugin order (the built-in validator first) fails the create.
+    async fn validate(
+        &self,
+        plugins: &[Arc<Plugin>],
+        pod: api::PodSandbox,
+        pristine: api::Container,
+        rsp: &api::CreateContainerResponse,
+        owners: crate::owners::Owners,
+        present: Vec<api::PluginInstance>,
+    ) -> Result<(), Error> {
+        let validators: Vec<&Arc<Plugin>> = plugins
+            .iter()
+            .filter(|p| p.subscribed(Event::VALIDATE_CONTAINER_ADJUSTMENT))
+            .collect();
+        let builtin = self.inner.opts.default_validator.enable;
+        if validators.is_empty() && !builtin {
+            return Ok(());
+        }
+        let req = api::ValidateContainerAdjustmentRequest {
+            pod: protobuf::MessageField::some(pod),
+            container: protobuf::MessageField::some(pristine),
+            adjust: rsp.adjust.clone(),
+            update: rsp.update.clone(),
+            owners: protobuf::MessageField::some(owners.into_proto()),
+            plugins: present,
+            ..Default::default()
+        };
+        if builtin {
+            let v =
+                crate::validate::DefaultValidator::new(self.inner.opts.default_validator.clone());
+            if let Err(reason) = v.validate(&req) {
+                return Err(Error::Validation(format!(
+                    "validator {:?} rejected container adjustment, reason: {reason}",
+                    crate::validate::DEFAULT_VALIDATOR_NAME
+                )));
+            }
+        }
+        let results = join_all(validators.iter().map(|p| p.validate(&req))).await;
+        let mut first = None;
+        for (p, r) in validators.iter().zip(results) {
+            let err = match r {
+                Ok(v) if !v.reject => continue,
+                Ok(v) => {
+                    let reason = if v.reason.is_empty() {
+                        "unknown rejection reason".to_string()
+                    } else {
+                        v.reason
+                    };
+                    format!(
+                        "validator {:?} rejected container adjustment, reason: {reason}",
+                        p.name()
+                    )
+                }
+                Err(e) => {
+                    if e.is_fatal() {
+                        self.inner.remove_plugin(p).await;
+                    }
+                    format!("validator plugin {} failed: {e}", p.name())
+                }
+            };
+            first.get_or_insert(err);
+        }
+        match first {
+            Some(e) => Err(Error::Validation(e)),
+            None => Ok(()),
+        }
     }
 
     /// Relays PostCreateContainer.
@@ -690,6 +788,14 @@ impl Adaptation {
 
     async fn evict(&self, plugin: &str, evictions: Vec<api::ContainerEviction>) {
         self.inner.evict(plugin, evictions).await;
+    }
+}
+
+fn instance(idx: &str, base: &str) -> api::PluginInstance {
+    api::PluginInstance {
+        name: base.to_string(),
+        index: idx.to_string(),
+        ..Default::default()
     }
 }
 

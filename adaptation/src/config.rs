@@ -2,6 +2,8 @@
 
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 
+use crate::validate::DefaultValidatorConfig;
+
 /// What happens to a runtime request when a plugin does not answer in time
 /// or its connection breaks while the request is in flight.
 ///
@@ -45,6 +47,8 @@ pub struct Options {
     pub default_failure_policy: FailurePolicy,
     /// Per-plugin policy, keyed by `NAME` or `IDX-NAME` (the latter wins).
     pub failure_policies: HashMap<String, FailurePolicy>,
+    /// The built-in default validator; runs when `enable` is set.
+    pub default_validator: DefaultValidatorConfig,
 }
 
 impl Default for Options {
@@ -58,6 +62,7 @@ impl Default for Options {
             disable_connections: false,
             default_failure_policy: FailurePolicy::Ignore,
             failure_policies: HashMap::new(),
+            default_validator: DefaultValidatorConfig::default(),
         }
     }
 }

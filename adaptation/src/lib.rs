@@ -30,9 +30,11 @@ pub mod launch;
 pub mod owners;
 mod plugin;
 pub mod result;
+pub mod validate;
 
 pub use adaptation::{Adaptation, AdaptationBuilder, PluginSyncBlock, RuntimeState};
 pub use config::{FailurePolicy, Options};
 pub use error::{BoxError, Error, PluginError};
 pub use nri_proto::{self, api, events::EventMask};
 pub use plugin::{HandshakeError, PluginOrigin};
+pub use validate::{DefaultValidator, DefaultValidatorConfig};

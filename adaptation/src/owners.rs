@@ -27,6 +27,28 @@ impl Owners {
         Owners::default()
     }
 
+    /// Wraps records received in a validation request.
+    pub fn from_proto(inner: api::OwningPlugins) -> Self {
+        Owners { inner }
+    }
+
+    /// Every key's owner of a compound field of container `id`.
+    pub fn compound_owners(
+        &self,
+        id: &str,
+        field: Field,
+    ) -> Option<&std::collections::HashMap<String, String>> {
+        Some(
+            &self
+                .inner
+                .owners
+                .get(id)?
+                .compound
+                .get(&(field as i32))?
+                .owners,
+        )
+    }
+
     /// The records as the protocol message sent to validators.
     pub fn as_proto(&self) -> &api::OwningPlugins {
         &self.inner
