@@ -125,11 +125,14 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
+/// Delivers the registration verdict: `(index, name)` or the refusal text.
+type RegistrationTx = oneshot::Sender<Result<(String, String), String>>;
+
 /// The Runtime service a plugin calls on logical connection 2.
 struct RuntimeService {
     /// Launched plugins keep their file-name identity; external ones are checked.
     launched: bool,
-    registration: Mutex<Option<oneshot::Sender<Result<(String, String), String>>>>,
+    registration: Mutex<Option<RegistrationTx>>,
     registered: AtomicBool,
     /// `IDX-NAME` once registered (for logs and update attribution).
     name: Mutex<String>,
