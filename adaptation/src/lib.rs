@@ -30,6 +30,7 @@ pub mod launch;
 pub mod owners;
 mod plugin;
 pub mod result;
+pub mod spec;
 pub mod validate;
 
 pub use adaptation::{Adaptation, AdaptationBuilder, PluginSyncBlock, RuntimeState};
@@ -37,4 +38,5 @@ pub use config::{FailurePolicy, Options};
 pub use error::{BoxError, Error, PluginError};
 pub use nri_proto::{self, api, events::EventMask};
 pub use plugin::{HandshakeError, PluginOrigin};
+pub use spec::{AdjustError, Adjuster, adjust, update};
 pub use validate::{DefaultValidator, DefaultValidatorConfig};
