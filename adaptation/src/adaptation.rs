@@ -25,6 +25,26 @@ use crate::{
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
+/// What one plugin answered to CreateContainer.
+#[derive(Debug, Clone)]
+pub struct PluginResponse {
+    /// `IDX-NAME`.
+    pub plugin: String,
+    /// Its response, if it answered.
+    pub response: Option<api::CreateContainerResponse>,
+    /// Why it did not, if it failed.
+    pub error: Option<String>,
+}
+
+/// The plugins' part in one CreateContainer.
+#[derive(Debug, Clone, Default)]
+pub struct CreateReport {
+    /// Each called plugin's answer, in call order.
+    pub plugins: Vec<PluginResponse>,
+    /// Field owners after the last merged response.
+    pub owners: Option<api::OwningPlugins>,
+}
+
 /// The runtime's current pods and containers, as sent to plugins in
 /// Synchronize.
 #[derive(Debug, Clone, Default)]
@@ -36,11 +56,8 @@ pub struct RuntimeState {
 }
 
 type SyncFn = Arc<dyn Fn() -> BoxFuture<Result<RuntimeState, BoxError>> + Send + Sync>;
-type UpdateFn = Arc<
-    dyn Fn(Vec<api::ContainerUpdate>) -> BoxFuture<Result<Vec<api::ContainerUpdate>, BoxError>>
-        + Send
-        + Sync,
->;
+type UpdateFn =
+    Arc<dyn Fn(Vec<api::ContainerUpdate>) -> BoxFuture<Result<Vec<api::ContainerUpdate>, BoxError>> + Send + Sync>;
 type EvictFn = Arc<dyn Fn(api::ContainerEviction) -> BoxFuture<Result<(), BoxError>> + Send + Sync>;
 
 /// Builds an [`Adaptation`]; see [`Adaptation::builder`].
@@ -142,10 +159,7 @@ impl AdaptationBuilder {
 
     /// Enables the built-in default validator (`00-default-validator`)
     /// with `cfg` (its `enable` flag is set for you).
-    pub fn with_default_validator(
-        mut self,
-        mut cfg: crate::validate::DefaultValidatorConfig,
-    ) -> Self {
+    pub fn with_default_validator(mut self, mut cfg: crate::validate::DefaultValidatorConfig) -> Self {
         cfg.enable = true;
         self.opts.default_validator = cfg;
         self
@@ -441,13 +455,7 @@ impl Adaptation {
     }
 
     fn take_plugins(&self) -> Vec<Arc<Plugin>> {
-        std::mem::take(
-            &mut *self
-                .inner
-                .plugins
-                .write()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+        std::mem::take(&mut *self.inner.plugins.write().unwrap_or_else(|p| p.into_inner()))
     }
 
     async fn apply_updates(&self, updates: Vec<api::ContainerUpdate>) {
@@ -455,12 +463,7 @@ impl Adaptation {
     }
 
     /// Decides what a plugin failure means for the request in flight.
-    async fn plugin_failed(
-        &self,
-        p: &Arc<Plugin>,
-        event: Event,
-        e: PluginError,
-    ) -> Result<(), Error> {
+    async fn plugin_failed(&self, p: &Arc<Plugin>, event: Event, e: PluginError) -> Result<(), Error> {
         let err = |source| Error::Plugin {
             plugin: p.name(),
             event: event_name(event),
@@ -516,10 +519,7 @@ impl Adaptation {
     ///
     /// # Errors
     /// As [`Adaptation::run_pod_sandbox`].
-    pub async fn update_pod_sandbox(
-        &self,
-        req: &api::UpdatePodSandboxRequest,
-    ) -> Result<(), Error> {
+    pub async fn update_pod_sandbox(&self, req: &api::UpdatePodSandboxRequest) -> Result<(), Error> {
         let _req = self.inner.request_lock.lock().await;
         for p in self.snapshot() {
             if !p.subscribed(Event::UPDATE_POD_SANDBOX) {
@@ -569,6 +569,26 @@ impl Adaptation {
         &self,
         req: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, Error> {
+        self.create_container_inner(req, None).await
+    }
+
+    /// [`Adaptation::create_container`], also reporting what each plugin
+    /// answered and who owns which field: how an operator or a plugin
+    /// author sees which plugin changed what (`nri-replay` prints it).
+    pub async fn create_container_with_report(
+        &self,
+        req: api::CreateContainerRequest,
+    ) -> (Result<api::CreateContainerResponse, Error>, CreateReport) {
+        let mut report = CreateReport::default();
+        let r = self.create_container_inner(req, Some(&mut report)).await;
+        (r, report)
+    }
+
+    async fn create_container_inner(
+        &self,
+        req: api::CreateContainerRequest,
+        mut report: Option<&mut CreateReport>,
+    ) -> Result<api::CreateContainerResponse, Error> {
         let _req = self.inner.request_lock.lock().await;
         let mut result = CreateResult::new(req);
         // Plugins present for validation: builtins, plugins that do not
@@ -589,15 +609,37 @@ impl Adaptation {
             match p.create_container(result.request()).await {
                 Ok(rsp) => {
                     present.push(instance(&p.idx, &p.base));
-                    result.apply(&p.name(), rsp)?;
+                    if let Some(r) = report.as_deref_mut() {
+                        r.plugins.push(PluginResponse {
+                            plugin: p.name(),
+                            response: Some(rsp.clone()),
+                            error: None,
+                        });
+                    }
+                    let applied = result.apply(&p.name(), rsp);
+                    if let Some(r) = report.as_deref_mut() {
+                        r.owners = Some(result.owners().as_proto().clone());
+                    }
+                    applied?;
                 }
-                Err(e) => self.plugin_failed(p, Event::CREATE_CONTAINER, e).await?,
+                Err(e) => {
+                    if let Some(r) = report.as_deref_mut() {
+                        r.plugins.push(PluginResponse {
+                            plugin: p.name(),
+                            response: None,
+                            error: Some(e.to_string()),
+                        });
+                    }
+                    self.plugin_failed(p, Event::CREATE_CONTAINER, e).await?
+                }
             }
         }
         let pod = result.request().pod.get_or_default().clone();
         let (rsp, pristine, owners) = result.into_parts();
-        self.validate(&plugins, pod, pristine, &rsp, owners, present)
-            .await?;
+        if let Some(r) = report.as_deref_mut() {
+            r.owners = Some(owners.as_proto().clone());
+        }
+        self.validate(&plugins, pod, pristine, &rsp, owners, present).await?;
         Ok(rsp)
     }
 
@@ -630,8 +672,7 @@ impl Adaptation {
             ..Default::default()
         };
         if builtin {
-            let v =
-                crate::validate::DefaultValidator::new(self.inner.opts.default_validator.clone());
+            let v = crate::validate::DefaultValidator::new(self.inner.opts.default_validator.clone());
             if let Err(reason) = v.validate(&req) {
                 return Err(Error::Validation(format!(
                     "validator {:?} rejected container adjustment, reason: {reason}",
@@ -674,39 +715,24 @@ impl Adaptation {
     ///
     /// # Errors
     /// As [`Adaptation::run_pod_sandbox`].
-    pub async fn post_create_container(
-        &self,
-        pod: &api::PodSandbox,
-        container: &api::Container,
-    ) -> Result<(), Error> {
-        self.notify(Event::POST_CREATE_CONTAINER, pod, Some(container))
-            .await
+    pub async fn post_create_container(&self, pod: &api::PodSandbox, container: &api::Container) -> Result<(), Error> {
+        self.notify(Event::POST_CREATE_CONTAINER, pod, Some(container)).await
     }
 
     /// Relays StartContainer.
     ///
     /// # Errors
     /// As [`Adaptation::run_pod_sandbox`].
-    pub async fn start_container(
-        &self,
-        pod: &api::PodSandbox,
-        container: &api::Container,
-    ) -> Result<(), Error> {
-        self.notify(Event::START_CONTAINER, pod, Some(container))
-            .await
+    pub async fn start_container(&self, pod: &api::PodSandbox, container: &api::Container) -> Result<(), Error> {
+        self.notify(Event::START_CONTAINER, pod, Some(container)).await
     }
 
     /// Relays PostStartContainer.
     ///
     /// # Errors
     /// As [`Adaptation::run_pod_sandbox`].
-    pub async fn post_start_container(
-        &self,
-        pod: &api::PodSandbox,
-        container: &api::Container,
-    ) -> Result<(), Error> {
-        self.notify(Event::POST_START_CONTAINER, pod, Some(container))
-            .await
+    pub async fn post_start_container(&self, pod: &api::PodSandbox, container: &api::Container) -> Result<(), Error> {
+        self.notify(Event::POST_START_CONTAINER, pod, Some(container)).await
     }
 
     /// Relays UpdateContainer and merges the plugins' updates. The last
@@ -716,10 +742,7 @@ impl Adaptation {
     ///
     /// # Errors
     /// [`Error::Merge`] on conflicting updates, [`Error::Plugin`].
-    pub async fn update_container(
-        &self,
-        req: api::UpdateContainerRequest,
-    ) -> Result<Vec<api::ContainerUpdate>, Error> {
+    pub async fn update_container(&self, req: api::UpdateContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
         let _req = self.inner.request_lock.lock().await;
         let mut result = UpdateResult::for_update(req);
         for p in self.snapshot() {
@@ -741,13 +764,8 @@ impl Adaptation {
     ///
     /// # Errors
     /// As [`Adaptation::run_pod_sandbox`].
-    pub async fn post_update_container(
-        &self,
-        pod: &api::PodSandbox,
-        container: &api::Container,
-    ) -> Result<(), Error> {
-        self.notify(Event::POST_UPDATE_CONTAINER, pod, Some(container))
-            .await
+    pub async fn post_update_container(&self, pod: &api::PodSandbox, container: &api::Container) -> Result<(), Error> {
+        self.notify(Event::POST_UPDATE_CONTAINER, pod, Some(container)).await
     }
 
     /// Relays StopContainer and merges the updates plugins ask for in
@@ -755,10 +773,7 @@ impl Adaptation {
     ///
     /// # Errors
     /// [`Error::Merge`], [`Error::Plugin`].
-    pub async fn stop_container(
-        &self,
-        req: api::StopContainerRequest,
-    ) -> Result<Vec<api::ContainerUpdate>, Error> {
+    pub async fn stop_container(&self, req: api::StopContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
         let _req = self.inner.request_lock.lock().await;
         let mut result = UpdateResult::for_stop();
         for p in self.snapshot() {
@@ -777,13 +792,8 @@ impl Adaptation {
     ///
     /// # Errors
     /// As [`Adaptation::run_pod_sandbox`].
-    pub async fn remove_container(
-        &self,
-        pod: &api::PodSandbox,
-        container: &api::Container,
-    ) -> Result<(), Error> {
-        self.notify(Event::REMOVE_CONTAINER, pod, Some(container))
-            .await
+    pub async fn remove_container(&self, pod: &api::PodSandbox, container: &api::Container) -> Result<(), Error> {
+        self.notify(Event::REMOVE_CONTAINER, pod, Some(container)).await
     }
 
     async fn evict(&self, plugin: &str, evictions: Vec<api::ContainerEviction>) {
@@ -801,10 +811,7 @@ fn instance(idx: &str, base: &str) -> api::PluginInstance {
 
 impl Inner {
     fn snapshot(&self) -> Vec<Arc<Plugin>> {
-        self.plugins
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.plugins.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn add_plugin(self: &Arc<Self>, p: Arc<Plugin>) {
@@ -812,9 +819,7 @@ impl Inner {
             let mut list = self.plugins.write().unwrap_or_else(|e| e.into_inner());
             list.push(p.clone());
             // Stable order: index, then name (upstream leaves ties unordered).
-            list.sort_by(|a, b| {
-                (a.idx.as_str(), a.base.as_str()).cmp(&(b.idx.as_str(), b.base.as_str()))
-            });
+            list.sort_by(|a, b| (a.idx.as_str(), a.base.as_str()).cmp(&(b.idx.as_str(), b.base.as_str())));
         }
         tracing::info!(plugin = %p.name(), origin = ?p.origin, "NRI plugin active");
         // Drop the plugin as soon as its connection goes away.
@@ -881,11 +886,7 @@ impl Inner {
             registration_timeout: self.opts.registration_timeout,
             request_timeout: self.opts.request_timeout,
         };
-        let plugin = match Plugin::handshake(stream, None, &params, host, |i, b| {
-            self.opts.failure_policy(i, b)
-        })
-        .await
-        {
+        let plugin = match Plugin::handshake(stream, None, &params, host, |i, b| self.opts.failure_policy(i, b)).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "external NRI plugin failed to connect");

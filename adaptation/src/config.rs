@@ -88,8 +88,7 @@ mod tests {
         assert_eq!(o.failure_policy("10", "a"), FailurePolicy::Ignore);
         o.failure_policies.insert("a".into(), FailurePolicy::Fail);
         assert_eq!(o.failure_policy("10", "a"), FailurePolicy::Fail);
-        o.failure_policies
-            .insert("10-a".into(), FailurePolicy::Ignore);
+        o.failure_policies.insert("10-a".into(), FailurePolicy::Ignore);
         assert_eq!(o.failure_policy("10", "a"), FailurePolicy::Ignore);
         assert_eq!(o.failure_policy("20", "a"), FailurePolicy::Fail);
         o.default_failure_policy = FailurePolicy::Fail;

@@ -44,9 +44,7 @@ impl PluginError {
                 code: s.code(),
                 message: s.message().to_string(),
             },
-            ttrpc::Error::RemoteClosed | ttrpc::Error::LocalClosed | ttrpc::Error::Eof => {
-                PluginError::Closed
-            }
+            ttrpc::Error::RemoteClosed | ttrpc::Error::LocalClosed | ttrpc::Error::Eof => PluginError::Closed,
             other => PluginError::Transport(other.to_string()),
         }
     }

@@ -97,15 +97,8 @@ fn is_wasm(path: &Path) -> bool {
 ///
 /// # Errors
 /// A read error other than "not found", with the file named.
-pub fn plugin_config(
-    dir: &Path,
-    idx: &str,
-    base: &str,
-) -> Result<String, (PathBuf, std::io::Error)> {
-    for file in [
-        dir.join(format!("{idx}-{base}.conf")),
-        dir.join(format!("{base}.conf")),
-    ] {
+pub fn plugin_config(dir: &Path, idx: &str, base: &str) -> Result<String, (PathBuf, std::io::Error)> {
+    for file in [dir.join(format!("{idx}-{base}.conf")), dir.join(format!("{base}.conf"))] {
         match std::fs::read_to_string(&file) {
             Ok(s) => return Ok(s),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -129,9 +122,7 @@ pub fn plugin_config(
 ///
 /// # Errors
 /// The socketpair or spawn error.
-pub fn spawn(
-    plugin: &Discovered,
-) -> std::io::Result<(tokio::net::UnixStream, tokio::process::Child)> {
+pub fn spawn(plugin: &Discovered) -> std::io::Result<(tokio::net::UnixStream, tokio::process::Child)> {
     let (ours, theirs): (OwnedFd, OwnedFd) = socketpair(
         AddressFamily::Unix,
         SockType::Stream,
@@ -195,21 +186,14 @@ mod tests {
         touch(d.path(), "05-first", 0o700);
         std::fs::create_dir(d.path().join("07-dir")).unwrap();
         let found = discover(d.path()).unwrap();
-        let names: Vec<_> = found
-            .iter()
-            .map(|p| format!("{}-{}", p.idx, p.base))
-            .collect();
+        let names: Vec<_> = found.iter().map(|p| format!("{}-{}", p.idx, p.base)).collect();
         assert_eq!(names, ["05-first", "10-logger"]);
         assert_eq!(found[1].path, d.path().join("10-logger"));
     }
 
     #[test]
     fn missing_plugin_dir_is_empty() {
-        assert!(
-            discover(Path::new("/nonexistent/nri/plugins"))
-                .unwrap()
-                .is_empty()
-        );
+        assert!(discover(Path::new("/nonexistent/nri/plugins")).unwrap().is_empty());
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 mod adaptation;
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod launch;
 pub mod owners;
@@ -33,7 +34,7 @@ pub mod result;
 pub mod spec;
 pub mod validate;
 
-pub use adaptation::{Adaptation, AdaptationBuilder, PluginSyncBlock, RuntimeState};
+pub use adaptation::{Adaptation, AdaptationBuilder, CreateReport, PluginResponse, PluginSyncBlock, RuntimeState};
 pub use config::{FailurePolicy, Options};
 pub use error::{BoxError, Error, PluginError};
 pub use nri_proto::{self, api, events::EventMask};

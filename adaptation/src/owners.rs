@@ -33,20 +33,8 @@ impl Owners {
     }
 
     /// Every key's owner of a compound field of container `id`.
-    pub fn compound_owners(
-        &self,
-        id: &str,
-        field: Field,
-    ) -> Option<&std::collections::HashMap<String, String>> {
-        Some(
-            &self
-                .inner
-                .owners
-                .get(id)?
-                .compound
-                .get(&(field as i32))?
-                .owners,
-        )
+    pub fn compound_owners(&self, id: &str, field: Field) -> Option<&std::collections::HashMap<String, String>> {
+        Some(&self.inner.owners.get(id)?.compound.get(&(field as i32))?.owners)
     }
 
     /// The records as the protocol message sent to validators.
@@ -116,13 +104,7 @@ impl Owners {
     ///
     /// # Errors
     /// As [`Owners::claim_simple`], per key.
-    pub fn claim_compound(
-        &mut self,
-        id: &str,
-        field: Field,
-        key: &str,
-        plugin: &str,
-    ) -> Result<(), MergeError> {
+    pub fn claim_compound(&mut self, id: &str, field: Field, key: &str, plugin: &str) -> Result<(), MergeError> {
         let f = self.of(id);
         let m = f.compound.entry(field as i32).or_default();
         if let Some(other) = m.owners.get(key) {
@@ -146,9 +128,7 @@ impl Owners {
 
     /// Marks a simple field as cleared by `plugin` (no conflict check).
     pub fn clear_simple(&mut self, id: &str, field: Field, plugin: &str) {
-        self.of(id)
-            .simple
-            .insert(field as i32, format!("-{plugin}"));
+        self.of(id).simple.insert(field as i32, format!("-{plugin}"));
     }
 
     /// Marks `key` of a compound field as cleared by `plugin`.
@@ -195,13 +175,8 @@ mod tests {
         o.claim_compound("c1", Field::Env, "FOO", "10-a").unwrap();
         o.clear_compound("c1", Field::Env, "FOO", "20-b");
         assert_eq!(o.compound_owner("c1", Field::Env, "FOO"), Some("-20-b"));
-        let e = o
-            .claim_compound("c1", Field::Env, "FOO", "30-c")
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            r#"plugins "30-c" and "20-b" both tried to set Env FOO"#
-        );
+        let e = o.claim_compound("c1", Field::Env, "FOO", "30-c").unwrap_err();
+        assert_eq!(e.to_string(), r#"plugins "30-c" and "20-b" both tried to set Env FOO"#);
         o.claim_compound("c1", Field::Env, "FOO", "20-b").unwrap();
         assert_eq!(o.compound_owner("c1", Field::Env, "FOO"), Some("20-b"));
 

@@ -145,11 +145,7 @@ fn status(code: ttrpc::Code, msg: impl Into<String>) -> ttrpc::Error {
 
 #[async_trait]
 impl api_ttrpc::Runtime for RuntimeService {
-    async fn register_plugin(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::RegisterPluginRequest,
-    ) -> ttrpc::Result<api::Empty> {
+    async fn register_plugin(&self, _ctx: &TtrpcContext, req: api::RegisterPluginRequest) -> ttrpc::Result<api::Empty> {
         let version = if req.NRI_version.is_empty() {
             "unknown"
         } else {
@@ -157,10 +153,7 @@ impl api_ttrpc::Runtime for RuntimeService {
         };
         if self.registered.swap(true, Ordering::SeqCst) {
             // Upstream accepts repeats and lets a plugin rename itself; we refuse.
-            return Err(status(
-                ttrpc::Code::FAILED_PRECONDITION,
-                "plugin already registered",
-            ));
+            return Err(status(ttrpc::Code::FAILED_PRECONDITION, "plugin already registered"));
         }
         let verdict = if self.launched {
             Ok((req.plugin_idx.clone(), req.plugin_name.clone()))
@@ -189,12 +182,7 @@ impl api_ttrpc::Runtime for RuntimeService {
             Ok(_) => Ok(api::Empty::new()),
             Err(e) => Err(status(ttrpc::Code::INVALID_ARGUMENT, e.clone())),
         };
-        if let Some(tx) = self
-            .registration
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(tx) = self.registration.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = tx.send(verdict);
         }
         result
@@ -206,17 +194,10 @@ impl api_ttrpc::Runtime for RuntimeService {
         req: api::UpdateContainersRequest,
     ) -> ttrpc::Result<api::UpdateContainersResponse> {
         if !self.registered.load(Ordering::SeqCst) {
-            return Err(status(
-                ttrpc::Code::FAILED_PRECONDITION,
-                "plugin is not registered",
-            ));
+            return Err(status(ttrpc::Code::FAILED_PRECONDITION, "plugin is not registered"));
         }
         let name = self.name.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match self
-            .host
-            .update_containers(&name, req.update, req.evict)
-            .await
-        {
+        match self.host.update_containers(&name, req.update, req.evict).await {
             Ok(failed) => Ok(api::UpdateContainersResponse {
                 failed,
                 ..Default::default()
@@ -301,13 +282,7 @@ impl Plugin {
                     Some(l.child),
                 )
             }
-            None => (
-                idx,
-                base,
-                String::new(),
-                PluginOrigin::External { pid: peer },
-                None,
-            ),
+            None => (idx, base, String::new(), PluginOrigin::External { pid: peer }, None),
         };
         *service.name.lock().unwrap_or_else(|p| p.into_inner()) = format!("{idx}-{base}");
         let policy = policy_for(&idx, &base);
@@ -334,11 +309,7 @@ impl Plugin {
         Ok(plugin)
     }
 
-    async fn configure(
-        &self,
-        params: &HandshakeParams,
-        config: String,
-    ) -> Result<(), HandshakeError> {
+    async fn configure(&self, params: &HandshakeParams, config: String) -> Result<(), HandshakeError> {
         let req = api::ConfigureRequest {
             config,
             runtime_name: params.runtime_name.clone(),
@@ -349,14 +320,10 @@ impl Plugin {
             ..Default::default()
         };
         let rsp = self
-            .call(
-                "Configure",
-                |c, ctx| async move { c.configure(ctx, &req).await },
-            )
+            .call("Configure", |c, ctx| async move { c.configure(ctx, &req).await })
             .await
             .map_err(|e| HandshakeError::Configure(e.to_string()))?;
-        let mask = EventMask::from_configure(rsp.events)
-            .map_err(|e| HandshakeError::Configure(e.to_string()))?;
+        let mask = EventMask::from_configure(rsp.events).map_err(|e| HandshakeError::Configure(e.to_string()))?;
         self.events.store(mask.bits(), Ordering::SeqCst);
         tracing::info!(plugin = %self.name(), events = %mask, "plugin configured");
         Ok(())
@@ -406,10 +373,7 @@ impl Plugin {
             let c = self.client.clone();
             let _ = tokio::time::timeout(
                 wait,
-                c.shutdown(
-                    ttrpc::context::with_timeout(wait.as_nanos() as i64),
-                    &api::Empty::new(),
-                ),
+                c.shutdown(ttrpc::context::with_timeout(wait.as_nanos() as i64), &api::Empty::new()),
             )
             .await;
         }
@@ -441,9 +405,7 @@ impl Plugin {
         let err = match result {
             Ok(Ok(v)) => return Ok(v),
             Err(_) => PluginError::Timeout(timeout),
-            Ok(Err(ttrpc::Error::Others(m))) if m.contains("deadline elapsed") => {
-                PluginError::Timeout(timeout)
-            }
+            Ok(Err(ttrpc::Error::Others(m))) if m.contains("deadline elapsed") => PluginError::Timeout(timeout),
             Ok(Err(e)) => PluginError::from_ttrpc(e),
         };
         if self.mux.is_closed() && err.is_fatal() {
@@ -469,12 +431,7 @@ impl Plugin {
         containers: &[api::Container],
     ) -> Result<Vec<api::ContainerUpdate>, PluginError> {
         let timeout = self.request_timeout;
-        match tokio::time::timeout(
-            timeout,
-            self.synchronize_chunks(pods, containers, SYNC_MESSAGE_LIMIT),
-        )
-        .await
-        {
+        match tokio::time::timeout(timeout, self.synchronize_chunks(pods, containers, SYNC_MESSAGE_LIMIT)).await {
             Ok(r) => r,
             Err(_) => Err(PluginError::Timeout(timeout)),
         }
@@ -524,9 +481,7 @@ impl Plugin {
             );
             let more = req.more;
             let rsp = self
-                .call("Synchronize", |c, ctx| async move {
-                    c.synchronize(ctx, &req).await
-                })
+                .call("Synchronize", |c, ctx| async move { c.synchronize(ctx, &req).await })
                 .await?;
             if !more {
                 return Ok(rsp.update);
@@ -549,10 +504,7 @@ impl Plugin {
     }
 
     fn warn_deprecated(&self, event: Event) {
-        let mut warned = self
-            .deprecation_warned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut warned = self.deprecation_warned.lock().unwrap_or_else(|p| p.into_inner());
         if !warned.is_set(event) {
             warned.set(event);
             tracing::warn!(
@@ -588,11 +540,9 @@ impl Plugin {
         if let Some(c) = container {
             req.container = protobuf::MessageField::some(c.clone());
         }
-        self.call("StateChange", |c, ctx| async move {
-            c.state_change(ctx, &req).await
-        })
-        .await
-        .map(|_| ())
+        self.call("StateChange", |c, ctx| async move { c.state_change(ctx, &req).await })
+            .await
+            .map(|_| ())
     }
 
     async fn notify_dedicated(
@@ -609,9 +559,10 @@ impl Plugin {
                     pod,
                     ..Default::default()
                 };
-                self.call(event_name(event), |c, ctx| async move {
-                    c.$method(ctx, &req).await
-                })
+                self.call(
+                    event_name(event),
+                    |c, ctx| async move { c.$method(ctx, &req).await },
+                )
                 .await
                 .map(|_| ())
             }};
@@ -623,9 +574,10 @@ impl Plugin {
                     container: ctr,
                     ..Default::default()
                 };
-                self.call(event_name(event), |c, ctx| async move {
-                    c.$method(ctx, &req).await
-                })
+                self.call(
+                    event_name(event),
+                    |c, ctx| async move { c.$method(ctx, &req).await },
+                )
                 .await
                 .map(|_| ())
             }};
@@ -648,16 +600,11 @@ impl Plugin {
                 ctr_event!(PostUpdateContainerRequest, post_update_container)
             }
             Event::REMOVE_CONTAINER => ctr_event!(RemoveContainerRequest, remove_container),
-            other => Err(PluginError::Protocol(format!(
-                "{other:?} is not a notification event"
-            ))),
+            other => Err(PluginError::Protocol(format!("{other:?} is not a notification event"))),
         }
     }
 
-    pub async fn update_pod_sandbox(
-        &self,
-        req: &api::UpdatePodSandboxRequest,
-    ) -> Result<(), PluginError> {
+    pub async fn update_pod_sandbox(&self, req: &api::UpdatePodSandboxRequest) -> Result<(), PluginError> {
         let req = req.clone();
         self.call("UpdatePodSandbox", |c, ctx| async move {
             c.update_pod_sandbox(ctx, &req).await
@@ -693,9 +640,10 @@ impl Plugin {
         req: &api::StopContainerRequest,
     ) -> Result<api::StopContainerResponse, PluginError> {
         let req = req.clone();
-        self.call("StopContainer", |c, ctx| async move {
-            c.stop_container(ctx, &req).await
-        })
+        self.call(
+            "StopContainer",
+            |c, ctx| async move { c.stop_container(ctx, &req).await },
+        )
         .await
     }
 
@@ -718,21 +666,13 @@ pub(crate) const SYNC_MESSAGE_LIMIT: usize = nri_proto::TTRPC_MAX_MESSAGE - 4096
 
 /// NRI's `recalcObjsPerSyncMsg`: new per-message counts after a message of
 /// `size` bytes exceeded `limit`. `None` when already at the minimum.
-pub(crate) fn split_counts(
-    pods: usize,
-    ctrs: usize,
-    size: usize,
-    limit: usize,
-) -> Option<(usize, usize)> {
+pub(crate) fn split_counts(pods: usize, ctrs: usize, size: usize, limit: usize) -> Option<(usize, usize)> {
     const MIN_OBJS_PER_MSG: usize = 8;
     if pods + ctrs <= MIN_OBJS_PER_MSG || size <= limit || limit == 0 {
         return None;
     }
     let factor = (limit as f64 / size as f64).min(0.9);
-    let (p, c) = (
-        (pods as f64 * factor) as usize,
-        (ctrs as f64 * factor) as usize,
-    );
+    let (p, c) = ((pods as f64 * factor) as usize, (ctrs as f64 * factor) as usize);
     if p + c < MIN_OBJS_PER_MSG {
         Some((MIN_OBJS_PER_MSG / 2, MIN_OBJS_PER_MSG / 2))
     } else {

@@ -92,11 +92,7 @@ pub fn normalize_container(c: &mut api::Container) {
 fn empty_adjustment() -> api::ContainerAdjustment {
     let mut a = api::ContainerAdjustment::new();
     a.hooks.mut_or_insert_default();
-    let res = a
-        .linux
-        .mut_or_insert_default()
-        .resources
-        .mut_or_insert_default();
+    let res = a.linux.mut_or_insert_default().resources.mut_or_insert_default();
     res.memory.mut_or_insert_default();
     res.cpu.mut_or_insert_default();
     a
@@ -163,11 +159,7 @@ impl CreateResult {
     ///
     /// # Errors
     /// [`MergeError::Conflict`], [`MergeError::UpdateDuringCreation`].
-    pub fn apply(
-        &mut self,
-        plugin: &str,
-        rsp: api::CreateContainerResponse,
-    ) -> Result<(), MergeError> {
+    pub fn apply(&mut self, plugin: &str, rsp: api::CreateContainerResponse) -> Result<(), MergeError> {
         if let Some(adj) = rsp.adjust.into_option() {
             self.adjust(plugin, adj)?;
         }
@@ -180,8 +172,7 @@ impl CreateResult {
                 });
             }
         }
-        self.updates
-            .merge(&mut self.owners, plugin, rsp.update, None)
+        self.updates.merge(&mut self.owners, plugin, rsp.update, None)
     }
 
     /// The merged response: the adjustment and the updates of other containers.
@@ -213,19 +204,12 @@ impl CreateResult {
             if let Some(r) = l.resources.into_option() {
                 self.resources(plugin, r)?;
             }
-            self.linux_simple(
-                plugin,
-                l.cgroups_path,
-                l.oom_score_adj,
-                l.io_priority,
-                l.seccomp_policy,
-            )?;
+            self.linux_simple(plugin, l.cgroups_path, l.oom_score_adj, l.io_priority, l.seccomp_policy)?;
             self.namespaces(plugin, l.namespaces)?;
             self.sysctl(plugin, l.sysctl)?;
             self.net_devices(plugin, l.net_devices)?;
             if let Some(s) = l.scheduler.into_option() {
-                self.owners
-                    .claim_simple(&self.id(), Field::LinuxSched, plugin)?;
+                self.owners.claim_simple(&self.id(), Field::LinuxSched, plugin)?;
                 self.ctr_linux().scheduler = MessageField::some(s.clone());
                 self.reply.linux.mut_or_insert_default().scheduler = MessageField::some(s);
             }
@@ -233,36 +217,25 @@ impl CreateResult {
                 self.rdt(plugin, rdt)?;
             }
             if let Some(mp) = l.memory_policy.into_option() {
-                self.owners
-                    .claim_simple(&self.id(), Field::MemoryPolicy, plugin)?;
+                self.owners.claim_simple(&self.id(), Field::MemoryPolicy, plugin)?;
                 self.reply.linux.mut_or_insert_default().memory_policy = MessageField::some(mp);
             }
         }
         let id = self.id();
         for rl in a.rlimits {
-            self.owners
-                .claim_compound(&id, Field::Rlimits, &rl.type_, plugin)?;
-            self.request
-                .container
-                .mut_or_insert_default()
-                .rlimits
-                .push(rl.clone());
+            self.owners.claim_compound(&id, Field::Rlimits, &rl.type_, plugin)?;
+            self.request.container.mut_or_insert_default().rlimits.push(rl.clone());
             self.reply.rlimits.push(rl);
         }
         for d in a.CDI_devices {
-            self.owners
-                .claim_compound(&id, Field::CdiDevices, &d.name, plugin)?;
+            self.owners.claim_compound(&id, Field::CdiDevices, &d.name, plugin)?;
             self.reply.CDI_devices.push(d);
         }
         Ok(())
     }
 
     /// Annotations, sysctl and net devices: maps with `-key` removals.
-    fn annotations(
-        &mut self,
-        plugin: &str,
-        m: std::collections::HashMap<String, String>,
-    ) -> Result<(), MergeError> {
+    fn annotations(&mut self, plugin: &str, m: std::collections::HashMap<String, String>) -> Result<(), MergeError> {
         if m.is_empty() {
             return Ok(());
         }
@@ -272,15 +245,11 @@ impl CreateResult {
         for (k, v) in sets {
             let ctr = &mut self.request.container.mut_or_insert_default().annotations;
             if dels.contains(&k) {
-                self.owners
-                    .clear_compound(&id, Field::Annotations, &k, plugin);
+                self.owners.clear_compound(&id, Field::Annotations, &k, plugin);
                 ctr.remove(&k);
-                self.reply
-                    .annotations
-                    .insert(format!("-{k}"), String::new());
+                self.reply.annotations.insert(format!("-{k}"), String::new());
             }
-            self.owners
-                .claim_compound(&id, Field::Annotations, &k, plugin)?;
+            self.owners.claim_compound(&id, Field::Annotations, &k, plugin)?;
             let ctr = &mut self.request.container.mut_or_insert_default().annotations;
             ctr.insert(k.clone(), v.clone());
             self.reply.annotations.insert(k, v);
@@ -288,18 +257,12 @@ impl CreateResult {
         // Removal-only keys reach the runtime as markers; ownership and the
         // request are left alone (upstream).
         for k in dels.difference(&set_keys) {
-            self.reply
-                .annotations
-                .insert(format!("-{k}"), String::new());
+            self.reply.annotations.insert(format!("-{k}"), String::new());
         }
         Ok(())
     }
 
-    fn sysctl(
-        &mut self,
-        plugin: &str,
-        m: std::collections::HashMap<String, String>,
-    ) -> Result<(), MergeError> {
+    fn sysctl(&mut self, plugin: &str, m: std::collections::HashMap<String, String>) -> Result<(), MergeError> {
         if m.is_empty() {
             return Ok(());
         }
@@ -310,18 +273,14 @@ impl CreateResult {
             if dels.contains(&k) {
                 self.owners.clear_compound(&id, Field::Sysctl, &k, plugin);
                 self.ctr_linux().sysctl.remove(&k);
-                self.reply_linux()
-                    .sysctl
-                    .insert(format!("-{k}"), String::new());
+                self.reply_linux().sysctl.insert(format!("-{k}"), String::new());
             }
             self.owners.claim_compound(&id, Field::Sysctl, &k, plugin)?;
             self.ctr_linux().sysctl.insert(k.clone(), v.clone());
             self.reply_linux().sysctl.insert(k, v);
         }
         for k in dels.difference(&set_keys) {
-            self.reply_linux()
-                .sysctl
-                .insert(format!("-{k}"), String::new());
+            self.reply_linux().sysctl.insert(format!("-{k}"), String::new());
         }
         Ok(())
     }
@@ -339,15 +298,13 @@ impl CreateResult {
         let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
         for (k, v) in sets {
             if dels.contains(&k) {
-                self.owners
-                    .clear_compound(&id, Field::LinuxNetDevices, &k, plugin);
+                self.owners.clear_compound(&id, Field::LinuxNetDevices, &k, plugin);
                 self.ctr_linux().net_devices.remove(&k);
                 self.reply_linux()
                     .net_devices
                     .insert(format!("-{k}"), api::LinuxNetDevice::new());
             }
-            self.owners
-                .claim_compound(&id, Field::LinuxNetDevices, &k, plugin)?;
+            self.owners.claim_compound(&id, Field::LinuxNetDevices, &k, plugin)?;
             self.ctr_linux().net_devices.insert(k.clone(), v.clone());
             self.reply_linux().net_devices.insert(k, v);
         }
@@ -381,8 +338,7 @@ impl CreateResult {
         let mut kept = Vec::new();
         for m in std::mem::take(&mut self.reply.mounts) {
             if del.contains_key(&m.destination) {
-                self.owners
-                    .clear_compound(&id, Field::Mounts, &m.destination, plugin);
+                self.owners.clear_compound(&id, Field::Mounts, &m.destination, plugin);
             } else {
                 kept.push(m);
             }
@@ -393,25 +349,16 @@ impl CreateResult {
         ctr.mounts
             .retain(|m| !del.contains_key(&m.destination) && !mods.contains(&m.destination));
         for m in &add {
-            self.owners
-                .claim_compound(&id, Field::Mounts, &m.destination, plugin)?;
+            self.owners.claim_compound(&id, Field::Mounts, &m.destination, plugin)?;
             self.reply.mounts.push(m.clone());
         }
         for (key, m) in &del {
-            let already = self
-                .reply
-                .mounts
-                .iter()
-                .any(|x| x.destination == m.destination);
+            let already = self.reply.mounts.iter().any(|x| x.destination == m.destination);
             if !mods.contains(key) && !already {
                 self.reply.mounts.push(m.clone());
             }
         }
-        self.request
-            .container
-            .mut_or_insert_default()
-            .mounts
-            .extend(add);
+        self.request.container.mut_or_insert_default().mounts.extend(add);
         Ok(())
     }
 
@@ -433,16 +380,14 @@ impl CreateResult {
         }
         reply.devices = kept;
         for path in cleared {
-            self.owners
-                .clear_compound(&id, Field::Devices, &path, plugin);
+            self.owners.clear_compound(&id, Field::Devices, &path, plugin);
         }
         let mods: BTreeSet<&String> = add.iter().map(|d| &d.path).collect();
         self.ctr_linux()
             .devices
             .retain(|d| !del.contains_key(&d.path) && !mods.contains(&d.path));
         for d in &add {
-            self.owners
-                .claim_compound(&id, Field::Devices, &d.path, plugin)?;
+            self.owners.claim_compound(&id, Field::Devices, &d.path, plugin)?;
             self.reply_linux().devices.push(d.clone());
         }
         // Fix of upstream: forward the removal so the runtime drops an
@@ -479,8 +424,7 @@ impl CreateResult {
             !del.contains_key(k) && !mods.contains(&k.to_string())
         });
         for e in &add {
-            self.owners
-                .claim_compound(&id, Field::Env, &e.key, plugin)?;
+            self.owners.claim_compound(&id, Field::Env, &e.key, plugin)?;
             self.reply.env.push(e.clone());
         }
         // Fix of upstream: forward the removal of an original variable.
@@ -490,8 +434,7 @@ impl CreateResult {
             }
         }
         let ctr = self.request.container.mut_or_insert_default();
-        ctr.env
-            .extend(add.iter().map(|e| format!("{}={}", e.key, e.value)));
+        ctr.env.extend(add.iter().map(|e| format!("{}={}", e.key, e.value)));
         Ok(())
     }
 
@@ -523,21 +466,13 @@ impl CreateResult {
         let mut claim = false;
         for (src, r, c) in [
             (h.prestart, &mut reply.prestart, &mut ctr.prestart),
-            (
-                h.create_runtime,
-                &mut reply.create_runtime,
-                &mut ctr.create_runtime,
-            ),
+            (h.create_runtime, &mut reply.create_runtime, &mut ctr.create_runtime),
             (
                 h.create_container,
                 &mut reply.create_container,
                 &mut ctr.create_container,
             ),
-            (
-                h.start_container,
-                &mut reply.start_container,
-                &mut ctr.start_container,
-            ),
+            (h.start_container, &mut reply.start_container, &mut ctr.start_container),
             (h.poststart, &mut reply.poststart, &mut ctr.poststart),
             (h.poststop, &mut reply.poststop, &mut ctr.poststop),
         ] {
@@ -570,13 +505,7 @@ impl CreateResult {
                 .resources
                 .mut_or_insert_default();
             if let Some(m) = r.memory.as_ref() {
-                merge_memory(
-                    &mut self.owners,
-                    &id,
-                    plugin,
-                    m,
-                    ctr_res.memory.mut_or_insert_default(),
-                )?;
+                merge_memory(&mut self.owners, &id, plugin, m, ctr_res.memory.mut_or_insert_default())?;
                 merge_memory(
                     &mut Owners::new(),
                     &id,
@@ -586,13 +515,7 @@ impl CreateResult {
                 )?;
             }
             if let Some(c) = r.cpu.as_ref() {
-                merge_cpu(
-                    &mut self.owners,
-                    &id,
-                    plugin,
-                    c,
-                    ctr_res.cpu.mut_or_insert_default(),
-                )?;
+                merge_cpu(&mut self.owners, &id, plugin, c, ctr_res.cpu.mut_or_insert_default())?;
                 merge_cpu(
                     &mut Owners::new(),
                     &id,
@@ -611,8 +534,7 @@ impl CreateResult {
             ctr_res.devices.extend(r.devices.iter().cloned());
             reply_res.devices.extend(r.devices.iter().cloned());
             for (k, v) in sorted(&r.unified) {
-                self.owners
-                    .claim_compound(&id, Field::CgroupsUnified, k, plugin)?;
+                self.owners.claim_compound(&id, Field::CgroupsUnified, k, plugin)?;
                 ctr_res.unified.insert(k.clone(), v.clone());
                 reply_res.unified.insert(k.clone(), v.clone());
             }
@@ -660,19 +582,14 @@ impl CreateResult {
             self.reply_linux().io_priority = MessageField::some(v);
         }
         if let Some(v) = seccomp.into_option() {
-            self.owners
-                .claim_simple(&id, Field::SeccompPolicy, plugin)?;
+            self.owners.claim_simple(&id, Field::SeccompPolicy, plugin)?;
             self.ctr_linux().seccomp_policy = MessageField::some(v.clone());
             self.reply_linux().seccomp_policy = MessageField::some(v);
         }
         Ok(())
     }
 
-    fn namespaces(
-        &mut self,
-        plugin: &str,
-        nss: Vec<api::LinuxNamespace>,
-    ) -> Result<(), MergeError> {
+    fn namespaces(&mut self, plugin: &str, nss: Vec<api::LinuxNamespace>) -> Result<(), MergeError> {
         let id = self.id();
         for n in nss {
             let (key, removal) = match removal_key(&n.type_) {
@@ -680,8 +597,7 @@ impl CreateResult {
                 None => (n.type_.clone(), false),
             };
             // Removals claim too: a second plugin touching the type conflicts.
-            self.owners
-                .claim_compound(&id, Field::Namespace, &key, plugin)?;
+            self.owners.claim_compound(&id, Field::Namespace, &key, plugin)?;
             let ctr = &mut self.ctr_linux().namespaces;
             if removal {
                 ctr.retain(|x| x.type_ != key);
@@ -698,11 +614,7 @@ impl CreateResult {
     fn rdt(&mut self, plugin: &str, rdt: api::LinuxRdt) -> Result<(), MergeError> {
         let id = self.id();
         if rdt.remove {
-            for f in [
-                Field::RdtClosID,
-                Field::RdtSchemata,
-                Field::RdtEnableMonitoring,
-            ] {
+            for f in [Field::RdtClosID, Field::RdtSchemata, Field::RdtEnableMonitoring] {
                 self.owners.clear_simple(&id, f, plugin);
             }
             self.reply_linux().rdt = MessageField::some(api::LinuxRdt {
@@ -723,8 +635,7 @@ impl CreateResult {
             r.remove = false;
         }
         if let Some(v) = rdt.enable_monitoring.into_option() {
-            self.owners
-                .claim_simple(&id, Field::RdtEnableMonitoring, plugin)?;
+            self.owners.claim_simple(&id, Field::RdtEnableMonitoring, plugin)?;
             let r = self.reply_linux().rdt.mut_or_insert_default();
             r.enable_monitoring = MessageField::some(v);
             r.remove = false;
@@ -738,9 +649,7 @@ fn sorted<V>(m: &std::collections::HashMap<String, V>) -> BTreeMap<&String, &V> 
 }
 
 /// Splits a map into removal keys and (sorted) sets.
-fn split_map<V>(
-    m: std::collections::HashMap<String, V>,
-) -> (BTreeSet<String>, BTreeMap<String, V>) {
+fn split_map<V>(m: std::collections::HashMap<String, V>) -> (BTreeSet<String>, BTreeMap<String, V>) {
     let mut dels = BTreeSet::new();
     let mut sets = BTreeMap::new();
     for (k, v) in m {
@@ -876,8 +785,7 @@ impl Updates {
                     if let (true, Some(t)) = (is_target, target.as_mut()) {
                         t.linux_resources = MessageField::some(merged.clone());
                     }
-                    self.list[idx].linux.mut_or_insert_default().resources =
-                        MessageField::some(merged);
+                    self.list[idx].linux.mut_or_insert_default().resources = MessageField::some(merged);
                 }
                 Err(e) if u.ignore_failure => {
                     // Leave no trace of the failed update (upstream keeps its
@@ -907,11 +815,7 @@ impl Updates {
         let mut e = api::ContainerUpdate::new();
         e.container_id = u.container_id.clone();
         e.ignore_failure = u.ignore_failure;
-        let res = e
-            .linux
-            .mut_or_insert_default()
-            .resources
-            .mut_or_insert_default();
+        let res = e.linux.mut_or_insert_default().resources.mut_or_insert_default();
         res.memory.mut_or_insert_default();
         res.cpu.mut_or_insert_default();
         self.list.push(e);
@@ -1011,11 +915,7 @@ impl UpdateResult {
     /// # Errors
     /// [`MergeError::Conflict`] when two plugins set the same resource of
     /// the same container (unless every contributor allowed failure).
-    pub fn apply(
-        &mut self,
-        plugin: &str,
-        updates: Vec<api::ContainerUpdate>,
-    ) -> Result<(), MergeError> {
+    pub fn apply(&mut self, plugin: &str, updates: Vec<api::ContainerUpdate>) -> Result<(), MergeError> {
         self.updates
             .merge(&mut self.owners, plugin, updates, self.request.as_mut())
     }

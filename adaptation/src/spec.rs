@@ -31,11 +31,10 @@ use std::{collections::HashMap, path::PathBuf};
 
 use nri_proto::api;
 use oci_spec::runtime::{
-    Hook, Hooks, LinuxBlockIo, LinuxCpu, LinuxDevice, LinuxDeviceCgroup, LinuxDeviceType,
-    LinuxHugepageLimit, LinuxIOPriorityBuilder, LinuxIntelRdt, LinuxMemory, LinuxMemoryPolicy,
-    LinuxNamespace, LinuxNamespaceType, LinuxNetDevice, LinuxPids, LinuxResources,
-    LinuxSchedulerFlag, LinuxSchedulerPolicy, LinuxSeccomp, LinuxSyscall, MemoryPolicyFlagType,
-    MemoryPolicyModeType, Mount, PosixRlimit, PosixRlimitBuilder, Scheduler, Spec,
+    Hook, Hooks, LinuxBlockIo, LinuxCpu, LinuxDevice, LinuxDeviceCgroup, LinuxDeviceType, LinuxHugepageLimit,
+    LinuxIOPriorityBuilder, LinuxIntelRdt, LinuxMemory, LinuxMemoryPolicy, LinuxNamespace, LinuxNamespaceType,
+    LinuxNetDevice, LinuxPids, LinuxResources, LinuxSchedulerFlag, LinuxSchedulerPolicy, LinuxSeccomp, LinuxSyscall,
+    MemoryPolicyFlagType, MemoryPolicyModeType, Mount, PosixRlimit, PosixRlimitBuilder, Scheduler, Spec,
 };
 
 /// Why an adjustment could not be applied.
@@ -61,11 +60,7 @@ pub enum AdjustError {
     },
 }
 
-fn invalid(
-    field: impl Into<String>,
-    value: impl std::fmt::Display,
-    reason: impl Into<String>,
-) -> AdjustError {
+fn invalid(field: impl Into<String>, value: impl std::fmt::Display, reason: impl Into<String>) -> AdjustError {
     AdjustError::Invalid {
         field: field.into(),
         value: value.to_string(),
@@ -93,28 +88,19 @@ impl<'a> Adjuster<'a> {
     }
 
     /// Injects CDI devices (by fully qualified name) into the spec.
-    pub fn with_cdi_injector(
-        mut self,
-        f: impl Fn(&mut Spec, &[String]) -> Result<(), String> + 'a,
-    ) -> Self {
+    pub fn with_cdi_injector(mut self, f: impl Fn(&mut Spec, &[String]) -> Result<(), String> + 'a) -> Self {
         self.cdi = Some(Box::new(f));
         self
     }
 
     /// Resolves a block I/O class name to OCI block I/O settings.
-    pub fn with_blockio_resolver(
-        mut self,
-        f: impl Fn(&str) -> Result<LinuxBlockIo, String> + 'a,
-    ) -> Self {
+    pub fn with_blockio_resolver(mut self, f: impl Fn(&str) -> Result<LinuxBlockIo, String> + 'a) -> Self {
         self.blockio = Some(Box::new(f));
         self
     }
 
     /// Resolves an RDT class name to OCI Intel RDT settings.
-    pub fn with_rdt_resolver(
-        mut self,
-        f: impl Fn(&str) -> Result<LinuxIntelRdt, String> + 'a,
-    ) -> Self {
+    pub fn with_rdt_resolver(mut self, f: impl Fn(&str) -> Result<LinuxIntelRdt, String> + 'a) -> Self {
         self.rdt = Some(Box::new(f));
         self
     }
@@ -123,11 +109,7 @@ impl<'a> Adjuster<'a> {
     ///
     /// # Errors
     /// [`AdjustError`]; the spec is then unchanged.
-    pub fn adjust(
-        &self,
-        spec: &mut Spec,
-        adj: &api::ContainerAdjustment,
-    ) -> Result<(), AdjustError> {
+    pub fn adjust(&self, spec: &mut Spec, adj: &api::ContainerAdjustment) -> Result<(), AdjustError> {
         let mut s = spec.clone();
         self.apply(&mut s, adj)?;
         *spec = s;
@@ -159,11 +141,7 @@ impl<'a> Adjuster<'a> {
         }
         if let Some(o) = l.oom_score_adj.as_ref() {
             if !(-1000..=1000).contains(&o.value) {
-                return Err(invalid(
-                    "linux.oom_score_adj",
-                    o.value,
-                    "must be within -1000..1000",
-                ));
+                return Err(invalid("linux.oom_score_adj", o.value, "must be within -1000..1000"));
             }
             process(s, "oom_score_adj")?.set_oom_score_adj(Some(o.value as i32));
         }
@@ -200,24 +178,15 @@ impl<'a> Adjuster<'a> {
                 lin.set_resources(Some(res));
             }
             if let Some(class) = r.blockio_class.as_ref() {
-                let value =
-                    if class.value.is_empty() {
-                        None
-                    } else {
-                        let resolve =
-                            self.blockio
-                                .as_ref()
-                                .ok_or_else(|| AdjustError::Unsupported {
-                                    field: "linux.resources.blockio_class".into(),
-                                    reason: format!(
-                                        "no block I/O class resolver configured for class {:?}",
-                                        class.value
-                                    ),
-                                })?;
-                        Some(resolve(&class.value).map_err(|e| {
-                            invalid("linux.resources.blockio_class", &class.value, e)
-                        })?)
-                    };
+                let value = if class.value.is_empty() {
+                    None
+                } else {
+                    let resolve = self.blockio.as_ref().ok_or_else(|| AdjustError::Unsupported {
+                        field: "linux.resources.blockio_class".into(),
+                        reason: format!("no block I/O class resolver configured for class {:?}", class.value),
+                    })?;
+                    Some(resolve(&class.value).map_err(|e| invalid("linux.resources.blockio_class", &class.value, e))?)
+                };
                 let lin = linux(s);
                 let mut res = lin.resources().clone().unwrap_or_default();
                 res.set_block_io(value);
@@ -229,15 +198,9 @@ impl<'a> Adjuster<'a> {
                 } else {
                     let resolve = self.rdt.as_ref().ok_or_else(|| AdjustError::Unsupported {
                         field: "linux.resources.rdt_class".into(),
-                        reason: format!(
-                            "no RDT class resolver configured for class {:?}",
-                            class.value
-                        ),
+                        reason: format!("no RDT class resolver configured for class {:?}", class.value),
                     })?;
-                    Some(
-                        resolve(&class.value)
-                            .map_err(|e| invalid("linux.resources.rdt_class", &class.value, e))?,
-                    )
+                    Some(resolve(&class.value).map_err(|e| invalid("linux.resources.rdt_class", &class.value, e))?)
                 };
                 linux(s).set_intel_rdt(value);
             }
@@ -268,16 +231,11 @@ pub fn adjust(spec: &mut Spec, adj: &api::ContainerAdjustment) -> Result<(), Adj
     Adjuster::new().adjust(spec, adj)
 }
 
-fn process<'s>(
-    s: &'s mut Spec,
-    what: &str,
-) -> Result<&'s mut oci_spec::runtime::Process, AdjustError> {
-    s.process_mut()
-        .as_mut()
-        .ok_or_else(|| AdjustError::Unsupported {
-            field: format!("process.{what}"),
-            reason: "the spec has no process".into(),
-        })
+fn process<'s>(s: &'s mut Spec, what: &str) -> Result<&'s mut oci_spec::runtime::Process, AdjustError> {
+    s.process_mut().as_mut().ok_or_else(|| AdjustError::Unsupported {
+        field: format!("process.{what}"),
+        reason: "the spec has no process".into(),
+    })
 }
 
 fn linux(s: &mut Spec) -> &mut oci_spec::runtime::Linux {
@@ -289,11 +247,7 @@ fn removal(key: &str) -> Option<&str> {
 }
 
 /// `-key` entries delete, then the others set (removals first).
-fn apply_map<V, T>(
-    target: &mut Option<HashMap<String, T>>,
-    adj: &HashMap<String, V>,
-    conv: impl Fn(&V) -> Option<T>,
-) {
+fn apply_map<V, T>(target: &mut Option<HashMap<String, T>>, adj: &HashMap<String, V>, conv: impl Fn(&V) -> Option<T>) {
     if adj.is_empty() {
         return;
     }
@@ -404,11 +358,7 @@ fn apply_hooks(s: &mut Spec, h: &api::Hooks) -> Result<(), AdjustError> {
     }
     let mut converted: Vec<Vec<Hook>> = Vec::new();
     for (name, list) in &lists {
-        converted.push(
-            list.iter()
-                .map(|x| oci_hook(x, name))
-                .collect::<Result<_, _>>()?,
-        );
+        converted.push(list.iter().map(|x| oci_hook(x, name)).collect::<Result<_, _>>()?);
     }
     let hooks = s.hooks_mut().get_or_insert_with(Hooks::default);
     let extend = |cur: &Option<Vec<Hook>>, add: &Vec<Hook>| -> Option<Vec<Hook>> {
@@ -461,18 +411,10 @@ fn apply_devices(s: &mut Spec, devices: &[api::LinuxDevice]) -> Result<(), Adjus
             continue;
         }
         if !d.path.starts_with('/') {
-            return Err(invalid(
-                "linux.devices.path",
-                &d.path,
-                "must be an absolute path",
-            ));
+            return Err(invalid("linux.devices.path", &d.path, "must be an absolute path"));
         }
         let typ = device_type(&d.type_, &d.path)?;
-        if matches!(
-            typ,
-            LinuxDeviceType::C | LinuxDeviceType::B | LinuxDeviceType::U
-        ) && (d.major < 0 || d.minor < 0)
-        {
+        if matches!(typ, LinuxDeviceType::C | LinuxDeviceType::B | LinuxDeviceType::U) && (d.major < 0 || d.minor < 0) {
             return Err(invalid(
                 format!("linux.devices[{}].major/minor", d.path),
                 format!("{}:{}", d.major, d.minor),
@@ -497,14 +439,7 @@ fn apply_devices(s: &mut Spec, devices: &[api::LinuxDevice]) -> Result<(), Adjus
         rule.set_typ(Some(typ));
         rule.set_major(Some(d.major));
         rule.set_minor(Some(d.minor));
-        rule.set_access(Some(
-            if typ == LinuxDeviceType::B {
-                "rwm"
-            } else {
-                "rw"
-            }
-            .to_string(),
-        ));
+        rule.set_access(Some(if typ == LinuxDeviceType::B { "rwm" } else { "rw" }.to_string()));
         let mut res = lin.resources().clone().unwrap_or_default();
         res.devices_mut().get_or_insert_with(Vec::new).push(rule);
         lin.set_resources(Some(res));
@@ -524,19 +459,11 @@ fn apply_io_priority(s: &mut Spec, p: &api::LinuxIOPriority) -> Result<(), Adjus
         Ok(api::IOPrioClass::IOPRIO_CLASS_BE) => C::IoprioClassBe,
         Ok(api::IOPrioClass::IOPRIO_CLASS_IDLE) => C::IoprioClassIdle,
         Err(v) => {
-            return Err(invalid(
-                "linux.io_priority.class",
-                v,
-                "unknown I/O priority class",
-            ));
+            return Err(invalid("linux.io_priority.class", v, "unknown I/O priority class"));
         }
     };
     if !(0..=7).contains(&p.priority) {
-        return Err(invalid(
-            "linux.io_priority.priority",
-            p.priority,
-            "must be within 0..7",
-        ));
+        return Err(invalid("linux.io_priority.priority", p.priority, "must be within 0..7"));
     }
     let io = LinuxIOPriorityBuilder::default()
         .class(class)
@@ -563,11 +490,7 @@ fn apply_scheduler(s: &mut Spec, sch: &api::LinuxScheduler) -> Result<(), Adjust
         Ok(P::SCHED_IDLE) => LinuxSchedulerPolicy::SchedIdle,
         Ok(P::SCHED_DEADLINE) => LinuxSchedulerPolicy::SchedDeadline,
         Err(v) => {
-            return Err(invalid(
-                "linux.scheduler.policy",
-                v,
-                "unknown scheduling policy",
-            ));
+            return Err(invalid("linux.scheduler.policy", v, "unknown scheduling policy"));
         }
     };
     let mut flags = Vec::new();
@@ -582,20 +505,12 @@ fn apply_scheduler(s: &mut Spec, sch: &api::LinuxScheduler) -> Result<(), Adjust
             Ok(F::SCHED_FLAG_UTIL_CLAMP_MIN) => LinuxSchedulerFlag::SchedFlagUtilClampMin,
             Ok(F::SCHED_FLAG_UTIL_CLAMP_MAX) => LinuxSchedulerFlag::SchedFlagUtilClampMax,
             Err(v) => {
-                return Err(invalid(
-                    "linux.scheduler.flags",
-                    v,
-                    "unknown scheduler flag",
-                ));
+                return Err(invalid("linux.scheduler.flags", v, "unknown scheduler flag"));
             }
         });
     }
     if !(-20..=19).contains(&sch.nice) {
-        return Err(invalid(
-            "linux.scheduler.nice",
-            sch.nice,
-            "must be within -20..19",
-        ));
+        return Err(invalid("linux.scheduler.nice", sch.nice, "must be within -20..19"));
     }
     let mut out = Scheduler::default();
     out.set_policy(policy);
@@ -620,11 +535,7 @@ fn apply_scheduler(s: &mut Spec, sch: &api::LinuxScheduler) -> Result<(), Adjust
     Ok(())
 }
 
-fn from_name<T: serde::de::DeserializeOwned>(
-    field: &str,
-    name: &str,
-    what: &str,
-) -> Result<T, AdjustError> {
+fn from_name<T: serde::de::DeserializeOwned>(field: &str, name: &str, what: &str) -> Result<T, AdjustError> {
     serde_json::from_value(serde_json::Value::String(name.to_string()))
         .map_err(|_| invalid(field, name, format!("unknown {what}")))
 }
@@ -641,13 +552,7 @@ fn seccomp(sc: &api::LinuxSeccomp) -> Result<LinuxSeccomp, AdjustError> {
         let archs = sc
             .architectures
             .iter()
-            .map(|a| {
-                from_name(
-                    "linux.seccomp_policy.architectures",
-                    a,
-                    "seccomp architecture",
-                )
-            })
+            .map(|a| from_name("linux.seccomp_policy.architectures", a, "seccomp architecture"))
             .collect::<Result<Vec<_>, _>>()?;
         out.set_architectures(Some(archs));
     }
@@ -679,20 +584,15 @@ fn seccomp(sc: &api::LinuxSeccomp) -> Result<LinuxSeccomp, AdjustError> {
             if !c.args.is_empty() {
                 let mut args = Vec::new();
                 for a in &c.args {
-                    let op: oci_spec::runtime::LinuxSeccompOperator = from_name(
-                        "linux.seccomp_policy.syscalls.args.op",
-                        &a.op,
-                        "seccomp operator",
-                    )?;
+                    let op: oci_spec::runtime::LinuxSeccompOperator =
+                        from_name("linux.seccomp_policy.syscalls.args.op", &a.op, "seccomp operator")?;
                     let arg = oci_spec::runtime::LinuxSeccompArgBuilder::default()
                         .index(a.index as usize)
                         .value(a.value)
                         .value_two(a.value_two)
                         .op(op)
                         .build()
-                        .map_err(|e| {
-                            invalid("linux.seccomp_policy.syscalls.args", a.index, e.to_string())
-                        })?;
+                        .map_err(|e| invalid("linux.seccomp_policy.syscalls.args", a.index, e.to_string()))?;
                     args.push(arg);
                 }
                 call.set_args(Some(args));
@@ -747,11 +647,7 @@ fn memory_policy(mp: &api::LinuxMemoryPolicy) -> Result<LinuxMemoryPolicy, Adjus
             ));
         }
         Err(v) => {
-            return Err(invalid(
-                "linux.memory_policy.mode",
-                v,
-                "unknown memory policy mode",
-            ));
+            return Err(invalid("linux.memory_policy.mode", v, "unknown memory policy mode"));
         }
     };
     let mut flags = Vec::new();
@@ -761,11 +657,7 @@ fn memory_policy(mp: &api::LinuxMemoryPolicy) -> Result<LinuxMemoryPolicy, Adjus
             Ok(F::MPOL_F_RELATIVE_NODES) => MemoryPolicyFlagType::MpolFRelativeNodes,
             Ok(F::MPOL_F_NUMA_BALANCING) => MemoryPolicyFlagType::MpolFNumaBalancing,
             Err(v) => {
-                return Err(invalid(
-                    "linux.memory_policy.flags",
-                    v,
-                    "unknown memory policy flag",
-                ));
+                return Err(invalid("linux.memory_policy.flags", v, "unknown memory policy flag"));
             }
         });
     }
@@ -783,16 +675,9 @@ fn memory_policy(mp: &api::LinuxMemoryPolicy) -> Result<LinuxMemoryPolicy, Adjus
 /// Whether `r` changes anything in `linux.resources` itself (classes are
 /// handled separately).
 fn resources_touch(r: &api::LinuxResources) -> bool {
-    let mem = r
-        .memory
-        .as_ref()
-        .is_some_and(|m| *m != api::LinuxMemory::new());
+    let mem = r.memory.as_ref().is_some_and(|m| *m != api::LinuxMemory::new());
     let cpu = r.cpu.as_ref().is_some_and(|c| *c != api::LinuxCPU::new());
-    mem || cpu
-        || !r.hugepage_limits.is_empty()
-        || !r.unified.is_empty()
-        || !r.devices.is_empty()
-        || r.pids.is_some()
+    mem || cpu || !r.hugepage_limits.is_empty() || !r.unified.is_empty() || !r.devices.is_empty() || r.pids.is_some()
 }
 
 /// Applies the present fields of NRI resources `r` to OCI resources
@@ -801,11 +686,7 @@ fn resources_touch(r: &api::LinuxResources) -> bool {
 ///
 /// # Errors
 /// [`AdjustError::Invalid`] for values the kernel would reject.
-pub fn apply_resources(
-    target: &mut LinuxResources,
-    r: &api::LinuxResources,
-    devices: bool,
-) -> Result<(), AdjustError> {
+pub fn apply_resources(target: &mut LinuxResources, r: &api::LinuxResources, devices: bool) -> Result<(), AdjustError> {
     if let Some(m) = r.memory.as_ref()
         && *m != api::LinuxMemory::new()
     {
@@ -985,10 +866,7 @@ pub fn apply_resources(
 ///
 /// # Errors
 /// As [`apply_resources`].
-pub fn update(
-    target: &mut LinuxResources,
-    update: &api::LinuxResources,
-) -> Result<(), AdjustError> {
+pub fn update(target: &mut LinuxResources, update: &api::LinuxResources) -> Result<(), AdjustError> {
     let mut out = target.clone();
     apply_resources(&mut out, update, false)?;
     *target = out;
@@ -1072,16 +950,14 @@ fn apply_mounts(s: &mut Spec, mounts: &[api::Mount]) -> Result<(), AdjustError> 
         // The rootfs must propagate for shared/slave bind mounts to work.
         let lin = linux(s);
         let cur = lin.rootfs_propagation().clone();
-        let keep = matches!(cur.as_deref(), Some("rshared"))
-            || (p == "rslave" && matches!(cur.as_deref(), Some("rslave")));
+        let keep =
+            matches!(cur.as_deref(), Some("rshared")) || (p == "rslave" && matches!(cur.as_deref(), Some("rslave")));
         if !keep {
             lin.set_rootfs_propagation(Some(p.to_string()));
         }
     }
     // Parents before children: by depth, then destination (stable).
-    list.sort_by(|a, b| {
-        (depth(a.destination()), a.destination()).cmp(&(depth(b.destination()), b.destination()))
-    });
+    list.sort_by(|a, b| (depth(a.destination()), a.destination()).cmp(&(depth(b.destination()), b.destination())));
     s.set_mounts(Some(list));
     Ok(())
 }

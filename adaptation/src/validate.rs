@@ -40,11 +40,7 @@ pub struct DefaultValidatorConfig {
 
 /// The annotation of `pod` for `key` as seen by container `container`:
 /// `key/container.<name>`, else `key/pod`, else `key`.
-pub fn effective_annotation<'a>(
-    pod: &'a api::PodSandbox,
-    key: &str,
-    container: &str,
-) -> Option<&'a str> {
+pub fn effective_annotation<'a>(pod: &'a api::PodSandbox, key: &str, container: &str) -> Option<&'a str> {
     [
         format!("{key}/container.{container}"),
         format!("{key}/pod"),
@@ -83,24 +79,16 @@ pub fn parse_name_list(value: &str) -> Result<Vec<String>, String> {
         }
     };
     if let Some(inner) = v.strip_prefix('[').and_then(|x| x.strip_suffix(']')) {
-        return inner
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(unquote)
-            .collect();
+        return inner.split(',').filter(|s| !s.trim().is_empty()).map(unquote).collect();
     }
     v.lines()
         .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            match l
-                .trim()
-                .strip_prefix("- ")
-                .or_else(|| l.trim().strip_prefix('-'))
-            {
+        .map(
+            |l| match l.trim().strip_prefix("- ").or_else(|| l.trim().strip_prefix('-')) {
                 Some(item) => unquote(item),
                 None => Err(format!("line {l:?} is not a list item")),
-            }
-        })
+            },
+        )
         .collect()
 }
 
@@ -148,15 +136,11 @@ impl DefaultValidator {
             let profile = req.container.linux.seccomp_profile.as_ref();
             let kind = profile.map(|p| p.profile_type.enum_value_or_default());
             let reject = match kind {
-                None | Some(ProfileType::UNCONFINED) => c
-                    .reject_unconfined_seccomp_adjustment
-                    .then_some("unconfined"),
-                Some(ProfileType::RUNTIME_DEFAULT) => c
-                    .reject_runtime_default_seccomp_adjustment
-                    .then_some("runtime default"),
-                Some(ProfileType::LOCALHOST) => {
-                    c.reject_custom_seccomp_adjustment.then_some("custom")
+                None | Some(ProfileType::UNCONFINED) => c.reject_unconfined_seccomp_adjustment.then_some("unconfined"),
+                Some(ProfileType::RUNTIME_DEFAULT) => {
+                    c.reject_runtime_default_seccomp_adjustment.then_some("runtime default")
                 }
+                Some(ProfileType::LOCALHOST) => c.reject_custom_seccomp_adjustment.then_some("custom"),
             };
             if let Some(what) = reject {
                 return Err(format!(
@@ -170,10 +154,7 @@ impl DefaultValidator {
         {
             let mut list: Vec<_> = map.iter().collect();
             list.sort();
-            let offenders: Vec<String> = list
-                .iter()
-                .map(|(ns, p)| format!("{p:?} (namespace {ns:?})"))
-                .collect();
+            let offenders: Vec<String> = list.iter().map(|(ns, p)| format!("{p:?} (namespace {ns:?})")).collect();
             return Err(format!(
                 "validation error: attempted restricted namespace adjustment by plugin(s) {}",
                 offenders.join(", ")
@@ -199,10 +180,7 @@ impl DefaultValidator {
         Ok(())
     }
 
-    fn required_plugins(
-        &self,
-        req: &api::ValidateContainerAdjustmentRequest,
-    ) -> Result<(), String> {
+    fn required_plugins(&self, req: &api::ValidateContainerAdjustmentRequest) -> Result<(), String> {
         let pod = req.pod.get_or_default();
         let name = req.container.name.as_str();
         let tolerate_key = &self.cfg.tolerate_missing_plugins_annotation;
@@ -213,17 +191,14 @@ impl DefaultValidator {
                 Some(true) => return Ok(()),
                 Some(false) => {}
                 None => {
-                    return Err(format!(
-                        "invalid {tolerate_key} annotation {v:?}: not a boolean"
-                    ));
+                    return Err(format!("invalid {tolerate_key} annotation {v:?}: not a boolean"));
                 }
             }
         }
         let mut required = self.cfg.required_plugins.clone();
         if let Some(v) = effective_annotation(pod, REQUIRED_PLUGINS_ANNOTATION, name) {
-            let list = parse_name_list(v).map_err(|e| {
-                format!("invalid {REQUIRED_PLUGINS_ANNOTATION} annotation {v:?}: {e}")
-            })?;
+            let list = parse_name_list(v)
+                .map_err(|e| format!("invalid {REQUIRED_PLUGINS_ANNOTATION} annotation {v:?}: {e}"))?;
             required.extend(list);
         }
         let present = |r: &str| {
@@ -231,11 +206,7 @@ impl DefaultValidator {
                 .iter()
                 .any(|p| p.name == r || format!("{}-{}", p.index, p.name) == r)
         };
-        let missing: Vec<&str> = required
-            .iter()
-            .map(String::as_str)
-            .filter(|r| !present(r))
-            .collect();
+        let missing: Vec<&str> = required.iter().map(String::as_str).filter(|r| !present(r)).collect();
         match missing.len() {
             0 => Ok(()),
             1 => Err(format!(

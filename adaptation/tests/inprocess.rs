@@ -59,8 +59,5 @@ async fn stub_registers_and_adjusts() {
     let rsp = nri.create_container(req).await.unwrap();
     assert_eq!(rsp.adjust.env[0].key, "HELLO");
     nri.stop().await;
-    assert!(
-        handle.wait().await.is_ok(),
-        "Shutdown ends the plugin cleanly"
-    );
+    assert!(handle.wait().await.is_ok(), "Shutdown ends the plugin cleanly");
 }

@@ -54,9 +54,7 @@ fn filled(md: &MessageDescriptor, depth: usize) -> Box<dyn MessageDyn> {
             }
             RuntimeFieldType::Map(kt, vt) => {
                 for k in 0..2 {
-                    if let (Some(key), Some(v)) =
-                        (sample(&kt, 0, salt + k), sample(&vt, depth, salt + k))
-                    {
+                    if let (Some(key), Some(v)) = (sample(&kt, 0, salt + k), sample(&vt, depth, salt + k)) {
                         field.mut_map(&mut *msg).insert(key, v);
                     }
                 }
@@ -80,11 +78,7 @@ fn all_messages() -> Vec<MessageDescriptor> {
 #[test]
 fn every_message_roundtrips_with_all_fields_set() {
     let messages = all_messages();
-    assert!(
-        messages.len() >= 85,
-        "only {} messages in the schema",
-        messages.len()
-    );
+    assert!(messages.len() >= 85, "only {} messages in the schema", messages.len());
     for md in messages {
         let msg = filled(&md, 3);
         let bytes = msg.write_to_bytes_dyn().unwrap();
@@ -92,11 +86,7 @@ fn every_message_roundtrips_with_all_fields_set() {
             assert!(!bytes.is_empty(), "{} encoded to nothing", md.full_name());
         }
         let back = md.parse_from_bytes(&bytes).unwrap();
-        assert!(
-            md.eq(&*msg, &*back),
-            "{} changed in a roundtrip",
-            md.full_name()
-        );
+        assert!(md.eq(&*msg, &*back), "{} changed in a roundtrip", md.full_name());
     }
 }
 
@@ -110,9 +100,7 @@ fn every_rpc_request_and_response_is_a_message() {
             let output = m.output_type();
             for md in [input, output] {
                 let msg = filled(&md, 4);
-                let back = md
-                    .parse_from_bytes(&msg.write_to_bytes_dyn().unwrap())
-                    .unwrap();
+                let back = md.parse_from_bytes(&msg.write_to_bytes_dyn().unwrap()).unwrap();
                 assert!(md.eq(&*msg, &*back), "{}", md.full_name());
             }
             seen.push(format!("{}/{}", svc.proto().name(), m.proto().name()));
@@ -177,10 +165,7 @@ fn field_numbers_on_the_wire() {
     let mut c = api::Container::new();
     c.image.mut_or_insert_default().name = "i".into();
     // field 22 needs a two-byte varint tag: 178 = (22 << 3) | 2, then 1
-    assert_eq!(
-        c.write_to_bytes().unwrap(),
-        [178, 1, 3, (1 << 3) | 2, 1, b'i']
-    );
+    assert_eq!(c.write_to_bytes().unwrap(), [178, 1, 3, (1 << 3) | 2, 1, b'i']);
 
     let mut mem = api::LinuxMemory::new();
     mem.use_hierarchy.mut_or_insert_default().value = true;
@@ -192,10 +177,7 @@ fn field_numbers_on_the_wire() {
 
     let mut lca = api::LinuxContainerAdjustment::new();
     lca.memory_policy.mut_or_insert_default().nodes = "0".into();
-    assert_eq!(
-        lca.write_to_bytes().unwrap(),
-        [(12 << 3) | 2, 3, (2 << 3) | 2, 1, b'0']
-    );
+    assert_eq!(lca.write_to_bytes().unwrap(), [(12 << 3) | 2, 3, (2 << 3) | 2, 1, b'0']);
 
     let ev = api::ContainerEviction {
         reason: "r".into(),

@@ -53,8 +53,7 @@ impl EventMask {
     /// Pod sandbox events.
     pub const POD: EventMask = EventMask(0x1 | 0x2 | 0x4 | 0x800 | 0x1000);
     /// Container events (validation excluded).
-    pub const CONTAINER: EventMask =
-        EventMask(0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400);
+    pub const CONTAINER: EventMask = EventMask(0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400);
 
     /// The bit of one event; `UNKNOWN` and `LAST` have none.
     pub const fn bit(event: Event) -> i32 {
@@ -85,10 +84,7 @@ impl EventMask {
         }
         let unknown = events & !Self::VALID.0;
         if unknown != 0 {
-            return Err(EventError::UnknownBits {
-                mask: events,
-                unknown,
-            });
+            return Err(EventError::UnknownBits { mask: events, unknown });
         }
         Ok(EventMask(events))
     }
@@ -145,9 +141,7 @@ impl EventMask {
                 "all" => Self::VALID,
                 "pod" | "podsandbox" => Self::POD,
                 "container" => Self::CONTAINER,
-                "validate" | "validation" => {
-                    EventMask::from_events(&[Event::VALIDATE_CONTAINER_ADJUSTMENT])
-                }
+                "validate" | "validation" => EventMask::from_events(&[Event::VALIDATE_CONTAINER_ADJUSTMENT]),
                 _ => match ALL_EVENTS.iter().find(|e| event_key(**e) == key) {
                     Some(e) => EventMask(Self::bit(*e)),
                     None => return Err(EventError::UnknownName(raw.to_string())),
@@ -235,9 +229,6 @@ mod tests {
         assert_eq!(EventMask::parse("pod").unwrap(), EventMask::POD);
         assert!(EventMask::parse("bogus").is_err());
         assert_eq!(EventMask::parse("").unwrap().bits(), 0);
-        assert_eq!(
-            m.to_string(),
-            "RunPodSandbox,CreateContainer,PostStartContainer"
-        );
+        assert_eq!(m.to_string(), "RunPodSandbox,CreateContainer,PostStartContainer");
     }
 }

@@ -125,8 +125,6 @@ pub mod transport {
     /// A ttrpc listener that accepts `conn` once and then never again (but
     /// stays open, so the server keeps serving it).
     pub fn listener(conn: MuxConn) -> Listener {
-        Listener::new(
-            futures::stream::once(async move { Ok(conn) }).chain(futures::stream::pending()),
-        )
+        Listener::new(futures::stream::once(async move { Ok(conn) }).chain(futures::stream::pending()))
     }
 }

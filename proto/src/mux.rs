@@ -192,10 +192,7 @@ impl Mux {
             state: Mutex::new(TrunkState::default()),
             closed_notify: Notify::new(),
         });
-        let flusher = tokio::spawn(flusher(
-            Arc::downgrade(&shared),
-            shared.flush_needed.clone(),
-        ));
+        let flusher = tokio::spawn(flusher(Arc::downgrade(&shared), shared.flush_needed.clone()));
         lock(&shared.state).flusher = Some(flusher);
         Mux { shared }
     }
@@ -286,19 +283,11 @@ impl Shared {
             st.closed = Some(error.clone());
             (st.reader.take(), st.flusher.take())
         };
-        let conn_err = lock(&self.state)
-            .closed
-            .clone()
-            .flatten()
-            .map(|e| e.to_io());
+        let conn_err = lock(&self.state).closed.clone().flatten().map(|e| e.to_io());
         for queue in lock(&self.conns).drain().map(|(_, q)| q) {
             let mut q = lock(&queue.inner);
             if q.closed.is_none() {
-                q.closed = Some(
-                    conn_err
-                        .as_ref()
-                        .map(|e| io::Error::new(e.kind(), e.to_string())),
-                );
+                q.closed = Some(conn_err.as_ref().map(|e| io::Error::new(e.kind(), e.to_string())));
             }
             if let Some(w) = q.waker.take() {
                 w.wake();
@@ -325,12 +314,7 @@ impl Shared {
     }
 
     /// Encodes one logical write as frames and sends or queues them.
-    fn write_frames(
-        &self,
-        cx: &mut Context<'_>,
-        id: ConnId,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn write_frames(&self, cx: &mut Context<'_>, id: ConnId, buf: &[u8]) -> Poll<io::Result<usize>> {
         let mut w = lock(&self.writer);
         if let Some(kind) = w.error {
             return Poll::Ready(Err(io::Error::new(kind, "mux trunk closed")));
@@ -427,11 +411,7 @@ fn frame_header(id: ConnId, len: usize) -> [u8; HEADER_LEN] {
     h
 }
 
-fn write_vectored_from(
-    half: &OwnedWriteHalf,
-    iov: &[IoSlice<'_>],
-    mut skip: usize,
-) -> io::Result<usize> {
+fn write_vectored_from(half: &OwnedWriteHalf, iov: &[IoSlice<'_>], mut skip: usize) -> io::Result<usize> {
     let mut rest: Vec<IoSlice<'_>> = Vec::with_capacity(iov.len());
     for s in iov {
         if skip >= s.len() {
@@ -524,11 +504,7 @@ async fn reader(shared: Weak<Shared>, read_half: OwnedReadHalf) {
         };
         let queue = lock(&shared.conns).get(&id).cloned();
         let Some(queue) = queue else {
-            tracing::debug!(
-                conn_id = id,
-                len,
-                "dropping frame for unopened mux connection"
-            );
+            tracing::debug!(conn_id = id, len, "dropping frame for unopened mux connection");
             continue;
         };
         if payload.is_empty() {
@@ -560,9 +536,7 @@ async fn reader(shared: Weak<Shared>, read_half: OwnedReadHalf) {
 
 fn eof_or(e: io::Error) -> Option<MuxError> {
     match e.kind() {
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::BrokenPipe => None,
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => None,
         _ => Some(MuxError::Io(e)),
     }
 }
@@ -595,10 +569,7 @@ impl MuxConn {
 
     fn detach(&mut self) {
         let mut conns = lock(&self.shared.conns);
-        if conns
-            .get(&self.id)
-            .is_some_and(|q| Arc::ptr_eq(q, &self.queue))
-        {
+        if conns.get(&self.id).is_some_and(|q| Arc::ptr_eq(q, &self.queue)) {
             conns.remove(&self.id);
         }
         drop(conns);
@@ -618,11 +589,7 @@ impl Drop for MuxConn {
 }
 
 impl AsyncRead for MuxConn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let mut q = lock(&self.queue.inner);
         let mut progressed = false;
         while buf.remaining() > 0 {
@@ -653,11 +620,7 @@ impl AsyncRead for MuxConn {
 }
 
 impl AsyncWrite for MuxConn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         if self.shut_down {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
@@ -673,10 +636,7 @@ impl AsyncWrite for MuxConn {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         // One frame per call; use the first non-empty slice like the default impl.
-        let buf = bufs
-            .iter()
-            .find(|b| !b.is_empty())
-            .map_or(&[][..], |b| &**b);
+        let buf = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &**b);
         self.poll_write(cx, buf)
     }
 

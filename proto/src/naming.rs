@@ -93,11 +93,7 @@ mod tests {
             assert!(check_index(ok).is_ok(), "{ok}");
         }
         for bad in ["", "1", "100", "a1", "1a", "-1", "１２"] {
-            assert_eq!(
-                check_index(bad),
-                Err(NamingError::InvalidIndex(bad.into())),
-                "{bad}"
-            );
+            assert_eq!(check_index(bad), Err(NamingError::InvalidIndex(bad.into())), "{bad}");
         }
     }
 

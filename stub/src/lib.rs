@@ -77,22 +77,16 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 pub enum StubError {
     /// No plugin name in the builder, `NRI_PLUGIN_NAME` or `argv[0]`.
-    #[error(
-        "plugin name not set: use with_plugin_name, NRI_PLUGIN_NAME or an IDX-NAME executable name"
-    )]
+    #[error("plugin name not set: use with_plugin_name, NRI_PLUGIN_NAME or an IDX-NAME executable name")]
     MissingName,
     /// No plugin index in the builder, `NRI_PLUGIN_IDX` or `argv[0]`.
-    #[error(
-        "plugin index not set: use with_plugin_idx, NRI_PLUGIN_IDX or an IDX-NAME executable name"
-    )]
+    #[error("plugin index not set: use with_plugin_idx, NRI_PLUGIN_IDX or an IDX-NAME executable name")]
     MissingIndex,
     /// The name or index breaks the NRI naming rules.
     #[error(transparent)]
     Naming(#[from] NamingError),
     /// An empty event mask: the runtime would read it as "every event".
-    #[error(
-        "no events to subscribe to: an empty mask means every event to the runtime; use EventMask::VALID for that"
-    )]
+    #[error("no events to subscribe to: an empty mask means every event to the runtime; use EventMask::VALID for that")]
     NoEvents,
     /// Connecting to the runtime's socket failed.
     #[error("failed to connect to the NRI socket {path}: {source}")]
@@ -180,10 +174,7 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// A pod sandbox's resources are being updated.
-    async fn update_pod_sandbox(
-        &self,
-        _req: &api::UpdatePodSandboxRequest,
-    ) -> Result<(), BoxError> {
+    async fn update_pod_sandbox(&self, _req: &api::UpdatePodSandboxRequest) -> Result<(), BoxError> {
         Ok(())
     }
 
@@ -213,29 +204,17 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// A container was created.
-    async fn post_create_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn post_create_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
         Ok(())
     }
 
     /// A container is being started.
-    async fn start_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn start_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
         Ok(())
     }
 
     /// A container was started.
-    async fn post_start_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn post_start_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
         Ok(())
     }
 
@@ -251,11 +230,7 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// A container's resources were updated.
-    async fn post_update_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn post_update_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
         Ok(())
     }
 
@@ -270,11 +245,7 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// A container is being removed.
-    async fn remove_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn remove_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
         Ok(())
     }
 
@@ -554,9 +525,7 @@ fn inherited_socket(value: &str) -> Result<UnixStream, StubError> {
         value: value.to_string(),
         reason,
     };
-    let fd: i32 = value
-        .parse()
-        .map_err(|_| bad("not a file descriptor number".into()))?;
+    let fd: i32 = value.parse().map_err(|_| bad("not a file descriptor number".into()))?;
     let st = nix::sys::stat::fstat(fd).map_err(|e| bad(format!("fd {fd}: {e}")))?;
     if st.st_mode & libc_s_ifmt() != libc_s_ifsock() {
         return Err(bad(format!("fd {fd} is not a socket")));
@@ -565,9 +534,7 @@ fn inherited_socket(value: &str) -> Result<UnixStream, StubError> {
     // its exclusive use by the runtime that launched it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let std_stream = std::os::unix::net::UnixStream::from(owned);
-    std_stream
-        .set_nonblocking(true)
-        .map_err(|e| bad(e.to_string()))?;
+    std_stream.set_nonblocking(true).map_err(|e| bad(e.to_string()))?;
     // The variable must not leak into processes this plugin starts.
     // SAFETY: called before the plugin spawns threads of its own that read
     // the environment; tokio's workers do not.
@@ -710,9 +677,8 @@ impl api_ttrpc::Plugin for PluginService {
             request_timeout: ms(req.request_timeout),
             events,
         });
-        self.configured.send_replace(Some(
-            outcome.map_err(|e| format!("configure handler failed: {e}")),
-        ));
+        self.configured
+            .send_replace(Some(outcome.map_err(|e| format!("configure handler failed: {e}"))));
         match result {
             Ok(_) => Ok(api::ConfigureResponse {
                 events: events.bits(),
@@ -775,10 +741,7 @@ impl api_ttrpc::Plugin for PluginService {
         _ctx: &TtrpcContext,
         req: api::UpdatePodSandboxRequest,
     ) -> ttrpc::Result<api::UpdatePodSandboxResponse> {
-        self.plugin
-            .update_pod_sandbox(&req)
-            .await
-            .map_err(plugin_error)?;
+        self.plugin.update_pod_sandbox(&req).await.map_err(plugin_error)?;
         Ok(Default::default())
     }
 
@@ -920,11 +883,7 @@ impl api_ttrpc::Plugin for PluginService {
         Ok(Default::default())
     }
 
-    async fn state_change(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::StateChangeEvent,
-    ) -> ttrpc::Result<api::Empty> {
+    async fn state_change(&self, _ctx: &TtrpcContext, req: api::StateChangeEvent) -> ttrpc::Result<api::Empty> {
         use api::Event as E;
         let pod = req.pod.get_or_default();
         let ctr = req.container.get_or_default();
@@ -956,15 +915,13 @@ impl api_ttrpc::Plugin for PluginService {
         req: api::ValidateContainerAdjustmentRequest,
     ) -> ttrpc::Result<api::ValidateContainerAdjustmentResponse> {
         // As upstream's stub: a handler error is a rejection, not an RPC failure.
-        Ok(
-            match self.plugin.validate_container_adjustment(&req).await {
-                Ok(()) => api::ValidateContainerAdjustmentResponse::new(),
-                Err(e) => api::ValidateContainerAdjustmentResponse {
-                    reject: true,
-                    reason: e.to_string(),
-                    ..Default::default()
-                },
+        Ok(match self.plugin.validate_container_adjustment(&req).await {
+            Ok(()) => api::ValidateContainerAdjustmentResponse::new(),
+            Err(e) => api::ValidateContainerAdjustmentResponse {
+                reject: true,
+                reason: e.to_string(),
+                ..Default::default()
             },
-        )
+        })
     }
 }

@@ -16,9 +16,7 @@ fn adj(s: &str) -> api::CreateContainerResponse {
 }
 
 fn create(container: &str) -> CreateResult {
-    CreateResult::new(json(&format!(
-        r#"{{"pod": {{"id": "p1"}}, "container": {container}}}"#
-    )))
+    CreateResult::new(json(&format!(r#"{{"pod": {{"id": "p1"}}, "container": {container}}}"#)))
 }
 
 fn c1() -> CreateResult {
@@ -66,10 +64,7 @@ fn annotations_set_conflict_takeover_and_removal() {
     assert_eq!(r.adjustment().annotations.get("a").unwrap(), "2");
     assert!(r.adjustment().annotations.contains_key("-a"));
     assert_eq!(ctr(&r).annotations.get("a").unwrap(), "2");
-    assert_eq!(
-        r.owners().compound_owner("c1", Field::Annotations, "a"),
-        Some("20-b")
-    );
+    assert_eq!(r.owners().compound_owner("c1", Field::Annotations, "a"), Some("20-b"));
 }
 
 #[test]
@@ -87,20 +82,11 @@ fn r14_mount_merging_view_removal_and_conflict() {
     )
     .unwrap();
     // 20-b's request lists the original mounts and 10-a's.
-    let seen: Vec<_> = ctr(&r)
-        .mounts
-        .iter()
-        .map(|m| m.destination.as_str())
-        .collect();
+    let seen: Vec<_> = ctr(&r).mounts.iter().map(|m| m.destination.as_str()).collect();
     assert_eq!(seen, ["/etc/hosts", "/data", "/opt/x/y", "/opt/x"]);
     r.apply("20-b", adj(r#"{"mounts": [{"destination": "-/data"}]}"#))
         .unwrap();
-    let reply: Vec<_> = r
-        .adjustment()
-        .mounts
-        .iter()
-        .map(|m| m.destination.as_str())
-        .collect();
+    let reply: Vec<_> = r.adjustment().mounts.iter().map(|m| m.destination.as_str()).collect();
     assert_eq!(reply, ["/opt/x/y", "/opt/x", "-/data"]);
     assert!(ctr(&r).mounts.iter().all(|m| m.destination != "/data"));
     // /opt/x/y keeps options absent.
@@ -120,24 +106,14 @@ fn r14_mount_merging_view_removal_and_conflict() {
 #[test]
 fn mount_removed_by_later_plugin_can_only_be_readded_by_it() {
     let mut r = c1();
-    r.apply(
-        "10-a",
-        adj(r#"{"mounts": [{"destination": "/m", "source": "/a"}]}"#),
-    )
-    .unwrap();
-    r.apply("20-b", adj(r#"{"mounts": [{"destination": "-/m"}]}"#))
+    r.apply("10-a", adj(r#"{"mounts": [{"destination": "/m", "source": "/a"}]}"#))
         .unwrap();
+    r.apply("20-b", adj(r#"{"mounts": [{"destination": "-/m"}]}"#)).unwrap();
     assert!(r.adjustment().mounts.iter().all(|m| m.destination != "/m"));
-    assert_eq!(
-        r.owners().compound_owner("c1", Field::Mounts, "/m"),
-        Some("-20-b")
-    );
+    assert_eq!(r.owners().compound_owner("c1", Field::Mounts, "/m"), Some("-20-b"));
     let e = r
         .clone()
-        .apply(
-            "30-c",
-            adj(r#"{"mounts": [{"destination": "/m", "source": "/c"}]}"#),
-        )
+        .apply("30-c", adj(r#"{"mounts": [{"destination": "/m", "source": "/c"}]}"#))
         .unwrap_err();
     assert!(conflict(e).contains(r#""30-c" and "20-b""#));
 }
@@ -148,14 +124,9 @@ fn r13_env_override_replaces_in_place() {
     r.apply("10-a", adj(r#"{"env": [{"key": "FOO", "value": "nri"}]}"#))
         .unwrap();
     // 20-b already sees FOO=nri, exactly once.
-    let foo: Vec<_> = ctr(&r)
-        .env
-        .iter()
-        .filter(|e| e.starts_with("FOO="))
-        .collect();
+    let foo: Vec<_> = ctr(&r).env.iter().filter(|e| e.starts_with("FOO=")).collect();
     assert_eq!(foo, ["FOO=nri"]);
-    r.apply("20-b", adj(r#"{"env": [{"key": "-BAR"}]}"#))
-        .unwrap();
+    r.apply("20-b", adj(r#"{"env": [{"key": "-BAR"}]}"#)).unwrap();
     assert!(!ctr(&r).env.iter().any(|e| e.starts_with("BAR=")));
     // Fix of upstream: the removal of an original variable reaches the runtime.
     let keys: Vec<_> = r.adjustment().env.iter().map(|e| e.key.as_str()).collect();
@@ -170,10 +141,7 @@ fn r13_env_conflict_names_both_plugins_and_variable() {
     let e = r
         .apply("20-b", adj(r#"{"env": [{"key": "FOO", "value": "b"}]}"#))
         .unwrap_err();
-    assert_eq!(
-        conflict(e),
-        r#"plugins "20-b" and "10-a" both tried to set Env FOO"#
-    );
+    assert_eq!(conflict(e), r#"plugins "20-b" and "10-a" both tried to set Env FOO"#);
 }
 
 #[test]
@@ -205,10 +173,7 @@ fn same_key_twice_in_one_response_conflicts_with_itself() {
             adj(r#"{"env": [{"key": "X", "value": "1"}, {"key": "X", "value": "2"}]}"#),
         )
         .unwrap_err();
-    assert_eq!(
-        conflict(e),
-        r#"plugins "10-a" and "10-a" both tried to set Env X"#
-    );
+    assert_eq!(conflict(e), r#"plugins "10-a" and "10-a" both tried to set Env X"#);
 }
 
 #[test]
@@ -216,14 +181,8 @@ fn args_set_conflict_and_override() {
     let mut r = create(r#"{"id": "c1", "args": ["sh"]}"#);
     r.apply("10-a", adj(r#"{"args": ["a", "b"]}"#)).unwrap();
     assert_eq!(ctr(&r).args, ["a", "b"]);
-    let e = r
-        .clone()
-        .apply("20-b", adj(r#"{"args": ["c"]}"#))
-        .unwrap_err();
-    assert_eq!(
-        conflict(e),
-        r#"plugins "20-b" and "10-a" both tried to set Args"#
-    );
+    let e = r.clone().apply("20-b", adj(r#"{"args": ["c"]}"#)).unwrap_err();
+    assert_eq!(conflict(e), r#"plugins "20-b" and "10-a" both tried to set Args"#);
     // A leading "" overrides (UpdateArgs); later plugins see earlier args.
     let mut appended = ctr(&r).args.clone();
     appended.insert(0, String::new());
@@ -249,18 +208,11 @@ fn r18_hooks_accumulate_across_plugins() {
     for (p, h) in [("10-a", "/h10"), ("20-b", "/h20"), ("30-c", "/h30")] {
         r.apply(
             p,
-            adj(&format!(
-                r#"{{"hooks": {{"createRuntime": [{{"path": "{h}"}}]}}}}"#
-            )),
+            adj(&format!(r#"{{"hooks": {{"createRuntime": [{{"path": "{h}"}}]}}}}"#)),
         )
         .unwrap();
     }
-    let seen: Vec<_> = ctr(&r)
-        .hooks
-        .create_runtime
-        .iter()
-        .map(|h| h.path.as_str())
-        .collect();
+    let seen: Vec<_> = ctr(&r).hooks.create_runtime.iter().map(|h| h.path.as_str()).collect();
     assert_eq!(seen, ["/h0", "/h10", "/h20", "/h30"]);
     let reply: Vec<_> = r
         .adjustment()
@@ -270,10 +222,7 @@ fn r18_hooks_accumulate_across_plugins() {
         .map(|h| h.path.as_str())
         .collect();
     assert_eq!(reply, ["/h10", "/h20", "/h30"]);
-    assert_eq!(
-        r.owners().simple_owner("c1", Field::OciHooks),
-        Some("10-a,20-b,30-c")
-    );
+    assert_eq!(r.owners().simple_owner("c1", Field::OciHooks), Some("10-a,20-b,30-c"));
 }
 
 #[test]
@@ -306,18 +255,12 @@ fn rlimits_claimed_per_type_and_appended() {
 #[test]
 fn cdi_devices_claimed_per_name_not_written_back() {
     let mut r = c1();
-    r.apply(
-        "10-a",
-        adj(r#"{"CDIDevices": [{"name": "vendor.com/gpu=0"}]}"#),
-    )
-    .unwrap();
+    r.apply("10-a", adj(r#"{"CDIDevices": [{"name": "vendor.com/gpu=0"}]}"#))
+        .unwrap();
     assert_eq!(r.adjustment().CDI_devices.len(), 1);
     assert!(ctr(&r).CDI_devices.is_empty());
     let e = r
-        .apply(
-            "20-b",
-            adj(r#"{"CDIDevices": [{"name": "vendor.com/gpu=0"}]}"#),
-        )
+        .apply("20-b", adj(r#"{"CDIDevices": [{"name": "vendor.com/gpu=0"}]}"#))
         .unwrap_err();
     assert!(conflict(e).ends_with("CdiDevices vendor.com/gpu=0"));
 }
@@ -372,11 +315,7 @@ fn memory_subfields_are_owned_separately() {
         ("kernel", "{\"value\": 1}", "MemKernelLimit"),
         ("kernelTcp", "{\"value\": 1}", "MemTCPLimit"),
         ("swappiness", "{\"value\": 1}", "MemSwappiness"),
-        (
-            "disableOomKiller",
-            "{\"value\": true}",
-            "MemDisableOomKiller",
-        ),
+        ("disableOomKiller", "{\"value\": true}", "MemDisableOomKiller"),
         ("useHierarchy", "{\"value\": true}", "MemUseHierarchy"),
     ];
     let mut r = c1();
@@ -390,15 +329,7 @@ fn memory_subfields_are_owned_separately() {
         .unwrap();
     }
     let mem = ctr(&r).linux.resources.memory.get_or_default().clone();
-    assert_eq!(
-        mem,
-        r.adjustment()
-            .linux
-            .resources
-            .memory
-            .get_or_default()
-            .clone()
-    );
+    assert_eq!(mem, r.adjustment().linux.resources.memory.get_or_default().clone());
     assert!(mem.limit.is_some() && mem.use_hierarchy.is_some() && mem.kernel_tcp.is_some());
     for (i, (f, v, field)) in fields.iter().enumerate() {
         let e = r
@@ -432,9 +363,7 @@ fn cpu_subfields_are_owned_separately() {
     for (i, (f, v, _)) in fields.iter().enumerate() {
         r.apply(
             &format!("{i:02}-p"),
-            adj(&format!(
-                r#"{{"linux": {{"resources": {{"cpu": {{"{f}": {v}}}}}}}}}"#
-            )),
+            adj(&format!(r#"{{"linux": {{"resources": {{"cpu": {{"{f}": {v}}}}}}}}}"#)),
         )
         .unwrap();
     }
@@ -443,9 +372,7 @@ fn cpu_subfields_are_owned_separately() {
             .clone()
             .apply(
                 "99-z",
-                adj(&format!(
-                    r#"{{"linux": {{"resources": {{"cpu": {{"{f}": {v}}}}}}}}}"#
-                )),
+                adj(&format!(r#"{{"linux": {{"resources": {{"cpu": {{"{f}": {v}}}}}}}}}"#)),
             )
             .unwrap_err();
         assert_eq!(
@@ -454,11 +381,8 @@ fn cpu_subfields_are_owned_separately() {
         );
     }
     // Empty cpus/mems do not count as set.
-    r.apply(
-        "98-y",
-        adj(r#"{"linux": {"resources": {"cpu": {"cpus": ""}}}}"#),
-    )
-    .unwrap();
+    r.apply("98-y", adj(r#"{"linux": {"resources": {"cpu": {"cpus": ""}}}}"#))
+        .unwrap();
 }
 
 #[test]
@@ -467,11 +391,8 @@ fn r16_unset_resource_fields_survive() {
         r#"{"id": "c1", "linux": {"resources": {"cpu": {"shares": {"value": 1024}, "quota": {"value": 50000}, "period": {"value": 100000}},
             "memory": {"limit": {"value": 1073741824}}}}}"#,
     );
-    r.apply(
-        "10-a",
-        adj(r#"{"linux": {"resources": {"cpu": {"cpus": "0-1"}}}}"#),
-    )
-    .unwrap();
+    r.apply("10-a", adj(r#"{"linux": {"resources": {"cpu": {"cpus": "0-1"}}}}"#))
+        .unwrap();
     let cpu = ctr(&r).linux.resources.cpu.get_or_default();
     assert_eq!(cpu.shares.value, 1024);
     assert_eq!(cpu.quota.value, 50000);
@@ -510,20 +431,14 @@ fn hugepages_unified_classes_and_pids() {
             r#"{"hugepageLimits": [{"pageSize": "2MB", "limit": 2}]}"#,
             "HugepageLimits 2MB",
         ),
-        (
-            r#"{"unified": {"memory.high": "2"}}"#,
-            "CgroupsUnified memory.high",
-        ),
+        (r#"{"unified": {"memory.high": "2"}}"#, "CgroupsUnified memory.high"),
         (r#"{"blockioClass": {"value": "x"}}"#, "BlockioClass"),
         (r#"{"rdtClass": {"value": "x"}}"#, "RdtClass"),
         (r#"{"pids": {"limit": 1}}"#, "PidsLimit"),
     ] {
         let e = r
             .clone()
-            .apply(
-                "30-c",
-                adj(&format!(r#"{{"linux": {{"resources": {json}}}}}"#)),
-            )
+            .apply("30-c", adj(&format!(r#"{{"linux": {{"resources": {json}}}}}"#)))
             .unwrap_err();
         assert_eq!(
             conflict(e),
@@ -552,11 +467,8 @@ fn simple_linux_fields_conflict() {
         ),
     ] {
         let mut r = c1();
-        r.apply("10-a", adj(&format!(r#"{{"linux": {json}}}"#)))
-            .unwrap();
-        let e = r
-            .apply("20-b", adj(&format!(r#"{{"linux": {json}}}"#)))
-            .unwrap_err();
+        r.apply("10-a", adj(&format!(r#"{{"linux": {json}}}"#))).unwrap();
+        let e = r.apply("20-b", adj(&format!(r#"{{"linux": {json}}}"#))).unwrap_err();
         assert_eq!(
             conflict(e),
             format!(r#"plugins "20-b" and "10-a" both tried to set {field}"#)
@@ -590,10 +502,7 @@ fn namespaces_claim_even_on_removal_and_keep_order() {
         .collect();
     assert_eq!(ns, ["pid:", "network:/b", "uts:"]);
     let e = r
-        .apply(
-            "20-b",
-            adj(r#"{"linux": {"namespaces": [{"type": "-ipc"}]}}"#),
-        )
+        .apply("20-b", adj(r#"{"linux": {"namespaces": [{"type": "-ipc"}]}}"#))
         .unwrap_err();
     assert_eq!(
         conflict(e),
@@ -603,9 +512,7 @@ fn namespaces_claim_even_on_removal_and_keep_order() {
 
 #[test]
 fn sysctl_and_net_devices_behave_like_annotations() {
-    let mut r = create(
-        r#"{"id": "c1", "linux": {"sysctl": {"net.a": "1"}, "netDevices": {"eth9": {"name": "x"}}}}"#,
-    );
+    let mut r = create(r#"{"id": "c1", "linux": {"sysctl": {"net.a": "1"}, "netDevices": {"eth9": {"name": "x"}}}}"#);
     r.apply(
         "10-a",
         adj(r#"{"linux": {"sysctl": {"net.b": "2", "-net.a": ""}, "netDevices": {"eth1": {"name": "n1"}, "-eth9": {}}}}"#),
@@ -621,34 +528,27 @@ fn sysctl_and_net_devices_behave_like_annotations() {
     assert!(conflict(e).ends_with("Sysctl net.b"));
     let e = r
         .clone()
-        .apply(
-            "20-b",
-            adj(r#"{"linux": {"netDevices": {"eth1": {"name": "n2"}}}}"#),
-        )
+        .apply("20-b", adj(r#"{"linux": {"netDevices": {"eth1": {"name": "n2"}}}}"#))
         .unwrap_err();
     assert!(conflict(e).ends_with("LinuxNetDevices eth1"));
-    r.apply(
-        "20-b",
-        adj(r#"{"linux": {"sysctl": {"-net.b": "", "net.b": "3"}}}"#),
-    )
-    .unwrap();
+    r.apply("20-b", adj(r#"{"linux": {"sysctl": {"-net.b": "", "net.b": "3"}}}"#))
+        .unwrap();
     assert_eq!(ctr(&r).linux.sysctl.get("net.b").unwrap(), "3");
 }
 
 #[test]
 fn rdt_remove_then_set_and_no_empty_rdt() {
     let mut r = c1();
-    r.apply("10-a", adj(r#"{"linux": {"cgroupsPath": "/x"}}"#))
-        .unwrap();
+    r.apply("10-a", adj(r#"{"linux": {"cgroupsPath": "/x"}}"#)).unwrap();
     assert!(r.adjustment().linux.rdt.is_none(), "M-5 fix: no empty rdt");
-    r.apply("20-b", adj(r#"{"linux": {"rdt": {"closId": {"value": "gold"}, "enableMonitoring": {"value": true}}}}"#))
-        .unwrap();
+    r.apply(
+        "20-b",
+        adj(r#"{"linux": {"rdt": {"closId": {"value": "gold"}, "enableMonitoring": {"value": true}}}}"#),
+    )
+    .unwrap();
     let e = r
         .clone()
-        .apply(
-            "30-c",
-            adj(r#"{"linux": {"rdt": {"closId": {"value": "silver"}}}}"#),
-        )
+        .apply("30-c", adj(r#"{"linux": {"rdt": {"closId": {"value": "silver"}}}}"#))
         .unwrap_err();
     assert!(conflict(e).ends_with("RdtClosID"));
     r.apply(
@@ -659,10 +559,7 @@ fn rdt_remove_then_set_and_no_empty_rdt() {
     let rdt = r.adjustment().linux.rdt.get_or_default();
     assert_eq!(rdt.clos_id.value, "silver");
     assert!(!rdt.remove);
-    assert!(
-        rdt.enable_monitoring.is_none(),
-        "remove dropped 20-b's monitoring"
-    );
+    assert!(rdt.enable_monitoring.is_none(), "remove dropped 20-b's monitoring");
 }
 
 #[test]
@@ -675,44 +572,46 @@ fn updates_to_other_containers_merge_per_field() {
     .unwrap();
     r.apply(
         "20-b",
-        rsp(r#"{"update": [{"containerId": "c2", "linux": {"resources": {"memory": {"limit": {"value": 5}}}}},
-            {"containerId": "c3", "linux": {"resources": {"cpu": {"mems": "0"}}}}]}"#),
+        rsp(
+            r#"{"update": [{"containerId": "c2", "linux": {"resources": {"memory": {"limit": {"value": 5}}}}},
+            {"containerId": "c3", "linux": {"resources": {"cpu": {"mems": "0"}}}}]}"#,
+        ),
     )
     .unwrap();
     let u = r.updates();
     assert_eq!(u.len(), 2);
     assert_eq!(u[0].container_id, "c2");
-    assert!(
-        !u[0].ignore_failure,
-        "ignore_failure only if every contributor asked"
-    );
+    assert!(!u[0].ignore_failure, "ignore_failure only if every contributor asked");
     let res = u[0].linux.resources.get_or_default();
     assert_eq!((res.cpu.cpus.as_str(), res.memory.limit.value), ("1", 5));
     let e = r
-        .apply("30-c", rsp(r#"{"update": [{"containerId": "c2", "linux": {"resources": {"cpu": {"cpus": "2"}}}}]}"#))
+        .apply(
+            "30-c",
+            rsp(r#"{"update": [{"containerId": "c2", "linux": {"resources": {"cpu": {"cpus": "2"}}}}]}"#),
+        )
         .unwrap_err();
-    assert_eq!(
-        conflict(e),
-        r#"plugins "30-c" and "10-a" both tried to set CPUSetCPUs"#
-    );
+    assert_eq!(conflict(e), r#"plugins "30-c" and "10-a" both tried to set CPUSetCPUs"#);
 }
 
 #[test]
 fn update_of_the_created_container_is_refused() {
     let e = c1()
-        .apply("10-a", rsp(r#"{"update": [{"containerId": "c1", "linux": {"resources": {"cpu": {"cpus": "1"}}}}]}"#))
+        .apply(
+            "10-a",
+            rsp(r#"{"update": [{"containerId": "c1", "linux": {"resources": {"cpu": {"cpus": "1"}}}}]}"#),
+        )
         .unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        r#"plugin "10-a" asked update of "c1" during creation"#
-    );
+    assert_eq!(e.to_string(), r#"plugin "10-a" asked update of "c1" during creation"#);
 }
 
 #[test]
 fn ignored_failed_update_leaves_no_trace() {
     let mut r = c1();
-    r.apply("10-a", rsp(r#"{"update": [{"containerId": "c2", "linux": {"resources": {"cpu": {"cpus": "1"}}}}]}"#))
-        .unwrap();
+    r.apply(
+        "10-a",
+        rsp(r#"{"update": [{"containerId": "c2", "linux": {"resources": {"cpu": {"cpus": "1"}}}}]}"#),
+    )
+    .unwrap();
     let before = r.owners().clone();
     // c9 is new and merges; the c2 update conflicts with 10-a and is dropped.
     r.apply(
@@ -728,10 +627,7 @@ fn ignored_failed_update_leaves_no_trace() {
         c2.linux.resources.memory.swap.is_none(),
         "claims of the failed update were rolled back"
     );
-    assert!(
-        !c2.ignore_failure,
-        "flag of the dropped update did not count"
-    );
+    assert!(!c2.ignore_failure, "flag of the dropped update did not count");
     assert_eq!(
         r.owners().simple_owner("c2", Field::MemSwapLimit),
         before.simple_owner("c2", Field::MemSwapLimit)
@@ -775,10 +671,7 @@ fn update_container_target_is_last_with_full_resources() {
     assert_eq!(res.cpu.shares.value, 512);
     assert_eq!(res.cpu.cpus, "0-1");
     assert_eq!(res.memory.limit.value, 100);
-    assert_eq!(
-        res.pids.limit, 64,
-        "pids in updates are applied (upstream bug fixed)"
-    );
+    assert_eq!(res.pids.limit, 64, "pids in updates are applied (upstream bug fixed)");
 }
 
 #[test]
@@ -788,10 +681,7 @@ fn update_container_untouched_target_is_the_request() {
     assert_eq!(u.len(), 1);
     let res = u[0].linux.resources.get_or_default();
     assert_eq!(res.cpu.cpus, "2");
-    assert!(
-        res.memory.is_some(),
-        "memory object present, fields absent (R16)"
-    );
+    assert!(res.memory.is_some(), "memory object present, fields absent (R16)");
     assert!(res.memory.limit.is_none());
 }
 
@@ -813,10 +703,7 @@ fn update_conflicts_between_plugins() {
             )],
         )
         .unwrap_err();
-    assert_eq!(
-        conflict(e),
-        r#"plugins "20-b" and "10-a" both tried to set CPUSetCPUs"#
-    );
+    assert_eq!(conflict(e), r#"plugins "20-b" and "10-a" both tried to set CPUSetCPUs"#);
 }
 
 #[test]

@@ -58,11 +58,8 @@ fn r13_env_override_replaces_in_place_and_removes() {
     let mut r = CreateResult::new(json(
         r#"{"container": {"id": "c1", "env": ["PATH=/bin", "FOO=image", "BAR=1"]}}"#,
     ));
-    r.apply(
-        "10-a",
-        json(r#"{"adjust": {"env": [{"key": "FOO", "value": "nri"}]}}"#),
-    )
-    .unwrap();
+    r.apply("10-a", json(r#"{"adjust": {"env": [{"key": "FOO", "value": "nri"}]}}"#))
+        .unwrap();
     r.apply("20-b", json(r#"{"adjust": {"env": [{"key": "-BAR"}]}}"#))
         .unwrap();
     let mut s = base_spec();
@@ -76,11 +73,10 @@ fn r13_env_override_replaces_in_place_and_removes() {
 #[test]
 fn env_duplicates_collapse_and_entries_without_equals_survive() {
     let mut s = base_spec();
-    s.process_mut().as_mut().unwrap().set_env(Some(vec![
-        "FOO=1".into(),
-        "WEIRD".into(),
-        "FOO=2".into(),
-    ]));
+    s.process_mut()
+        .as_mut()
+        .unwrap()
+        .set_env(Some(vec!["FOO=1".into(), "WEIRD".into(), "FOO=2".into()]));
     adjust(
         &mut s,
         &adj(r#"{"env": [{"key": "FOO", "value": "3"}, {"key": "NEW", "value": "x"}]}"#),
@@ -103,15 +99,14 @@ fn r14_mounts_removed_added_and_depth_sorted() {
     ));
     r.apply(
         "10-a",
-        json(r#"{"adjust": {"mounts": [{"destination": "/opt/x/y", "source": "/host/y", "type": "bind"},
-            {"destination": "/opt/x", "type": "tmpfs", "source": "tmpfs"}]}}"#),
+        json(
+            r#"{"adjust": {"mounts": [{"destination": "/opt/x/y", "source": "/host/y", "type": "bind"},
+            {"destination": "/opt/x", "type": "tmpfs", "source": "tmpfs"}]}}"#,
+        ),
     )
     .unwrap();
-    r.apply(
-        "20-b",
-        json(r#"{"adjust": {"mounts": [{"destination": "-/data"}]}}"#),
-    )
-    .unwrap();
+    r.apply("20-b", json(r#"{"adjust": {"mounts": [{"destination": "-/data"}]}}"#))
+        .unwrap();
     let mut s = base_spec();
     s.set_mounts(Some(
         s.mounts()
@@ -123,10 +118,7 @@ fn r14_mounts_removed_added_and_depth_sorted() {
     ));
     adjust(&mut s, r.adjustment()).unwrap();
     let mounts = s.mounts().as_ref().unwrap();
-    let dests: Vec<_> = mounts
-        .iter()
-        .map(|m| m.destination().to_str().unwrap())
-        .collect();
+    let dests: Vec<_> = mounts.iter().map(|m| m.destination().to_str().unwrap()).collect();
     assert_eq!(dests, ["/etc/hosts", "/opt/x", "/opt/x/y"]);
     let y = mounts
         .iter()
@@ -140,14 +132,20 @@ fn r14_mounts_removed_added_and_depth_sorted() {
 #[test]
 fn mount_propagation_sets_rootfs_propagation() {
     let mut s = base_spec();
-    adjust(&mut s, &adj(r#"{"mounts": [{"destination": "/m", "type": "bind", "source": "/s", "options": ["rbind", "rslave"]}]}"#))
-        .unwrap();
+    adjust(
+        &mut s,
+        &adj(r#"{"mounts": [{"destination": "/m", "type": "bind", "source": "/s", "options": ["rbind", "rslave"]}]}"#),
+    )
+    .unwrap();
     assert_eq!(
         s.linux().as_ref().unwrap().rootfs_propagation().as_deref(),
         Some("rslave")
     );
-    adjust(&mut s, &adj(r#"{"mounts": [{"destination": "/n", "type": "bind", "source": "/s", "options": ["rshared"]}]}"#))
-        .unwrap();
+    adjust(
+        &mut s,
+        &adj(r#"{"mounts": [{"destination": "/n", "type": "bind", "source": "/s", "options": ["rshared"]}]}"#),
+    )
+    .unwrap();
     assert_eq!(
         s.linux().as_ref().unwrap().rootfs_propagation().as_deref(),
         Some("rshared")
@@ -193,26 +191,21 @@ fn every_memory_field_is_applied() {
     let mut s = base_spec();
     adjust(
         &mut s,
-        &adj(r#"{"linux": {"resources": {"memory": {"limit": {"value": 2147483648}, "reservation": {"value": 1},
+        &adj(
+            r#"{"linux": {"resources": {"memory": {"limit": {"value": 2147483648}, "reservation": {"value": 1},
             "kernelTcp": {"value": 7}, "swappiness": {"value": 10}, "disableOomKiller": {"value": true},
-            "useHierarchy": {"value": true}}}}}"#),
+            "useHierarchy": {"value": true}}}}}"#,
+        ),
     )
     .unwrap();
     let m = res(&s).memory().as_ref().unwrap();
     assert_eq!(m.limit(), Some(2147483648));
-    assert_eq!(
-        m.swap(),
-        Some(2147483648),
-        "swap followed the limit (was = old limit)"
-    );
+    assert_eq!(m.swap(), Some(2147483648), "swap followed the limit (was = old limit)");
     assert_eq!(
         (m.reservation(), m.kernel_tcp(), m.swappiness()),
         (Some(1), Some(7), Some(10))
     );
-    assert_eq!(
-        (m.disable_oom_killer(), m.use_hierarchy()),
-        (Some(true), Some(true))
-    );
+    assert_eq!((m.disable_oom_killer(), m.use_hierarchy()), (Some(true), Some(true)));
     adjust(
         &mut s,
         &adj(r#"{"linux": {"resources": {"memory": {"swap": {"value": -1}}}}}"#),
@@ -228,10 +221,7 @@ fn invalid_resource_values_are_named() {
             r#"{"cpu": {"shares": {"value": "18446744073709551615"}}}"#,
             "linux.resources.cpu.shares",
         ),
-        (
-            r#"{"cpu": {"period": {"value": "5"}}}"#,
-            "linux.resources.cpu.period",
-        ),
+        (r#"{"cpu": {"period": {"value": "5"}}}"#, "linux.resources.cpu.period"),
         (
             r#"{"memory": {"limit": {"value": "-5"}}}"#,
             "linux.resources.memory.limit",
@@ -244,11 +234,7 @@ fn invalid_resource_values_are_named() {
     ] {
         let mut s = base_spec();
         let before = s.clone();
-        let e = adjust(
-            &mut s,
-            &adj(&format!(r#"{{"linux": {{"resources": {json}}}}}"#)),
-        )
-        .unwrap_err();
+        let e = adjust(&mut s, &adj(&format!(r#"{{"linux": {{"resources": {json}}}}}"#))).unwrap_err();
         assert!(e.to_string().contains(field), "{e}");
         assert_eq!(s, before, "spec unchanged on error");
     }
@@ -266,38 +252,16 @@ fn r17_devices_get_nodes_and_cgroup_rules_after_default_deny() {
     let lin = s.linux().as_ref().unwrap();
     let dev = &lin.devices().as_ref().unwrap()[0];
     assert_eq!(
-        (
-            dev.path().to_str().unwrap(),
-            dev.major(),
-            dev.minor(),
-            dev.file_mode()
-        ),
+        (dev.path().to_str().unwrap(), dev.major(), dev.minor(), dev.file_mode()),
         ("/dev/net/tun", 10, 200, Some(438))
     );
     let rules = res(&s).devices().as_ref().unwrap();
     assert!(!rules[0].allow(), "default deny first");
     assert!(rules.last().unwrap().allow());
-    assert!(
-        rules
-            .iter()
-            .skip(1)
-            .all(|r| r.allow() && r.major() == Some(10))
-    );
+    assert!(rules.iter().skip(1).all(|r| r.allow() && r.major() == Some(10)));
     // Removal of an original device.
-    adjust(
-        &mut s,
-        &adj(r#"{"linux": {"devices": [{"path": "-/dev/net/tun"}]}}"#),
-    )
-    .unwrap();
-    assert!(
-        s.linux()
-            .as_ref()
-            .unwrap()
-            .devices()
-            .as_ref()
-            .unwrap()
-            .is_empty()
-    );
+    adjust(&mut s, &adj(r#"{"linux": {"devices": [{"path": "-/dev/net/tun"}]}}"#)).unwrap();
+    assert!(s.linux().as_ref().unwrap().devices().as_ref().unwrap().is_empty());
     let e = adjust(
         &mut s,
         &adj(r#"{"linux": {"devices": [{"path": "/dev/x", "type": "z"}]}}"#),
@@ -319,8 +283,10 @@ fn r18_hooks_appended_in_plugin_order() {
     s.set_hooks(Some(hooks));
     adjust(
         &mut s,
-        &adj(r#"{"hooks": {"createRuntime": [{"path": "/h10"}, {"path": "/h20", "args": ["a"], "timeout": {"value": 5}}],
-            "poststop": [{"path": "/p"}]}}"#),
+        &adj(
+            r#"{"hooks": {"createRuntime": [{"path": "/h10"}, {"path": "/h20", "args": ["a"], "timeout": {"value": 5}}],
+            "poststop": [{"path": "/p"}]}}"#,
+        ),
     )
     .unwrap();
     let h = s.hooks().as_ref().unwrap();
@@ -355,9 +321,7 @@ fn annotations_sysctl_net_devices_removals_before_sets() {
     let lin = s.linux().as_ref().unwrap();
     assert_eq!(lin.sysctl().as_ref().unwrap()["net.x"], "1");
     assert_eq!(
-        lin.net_devices().as_ref().unwrap()["eth1"]
-            .name()
-            .as_deref(),
+        lin.net_devices().as_ref().unwrap()["eth1"].name().as_deref(),
         Some("in0")
     );
 }
@@ -367,9 +331,11 @@ fn args_oom_cgroups_io_priority_scheduler() {
     let mut s = base_spec();
     adjust(
         &mut s,
-        &adj(r#"{"args": ["/bin/x", "-v"], "linux": {"cgroupsPath": "/kubepods/x", "oomScoreAdj": {"value": 500},
+        &adj(
+            r#"{"args": ["/bin/x", "-v"], "linux": {"cgroupsPath": "/kubepods/x", "oomScoreAdj": {"value": 500},
             "ioPriority": {"class": "IOPRIO_CLASS_BE", "priority": 4},
-            "scheduler": {"policy": "SCHED_BATCH", "nice": 5, "flags": ["SCHED_FLAG_RESET_ON_FORK"]}}}"#),
+            "scheduler": {"policy": "SCHED_BATCH", "nice": 5, "flags": ["SCHED_FLAG_RESET_ON_FORK"]}}}"#,
+        ),
     )
     .unwrap();
     let p = s.process().as_ref().unwrap();
@@ -382,15 +348,14 @@ fn args_oom_cgroups_io_priority_scheduler() {
         &PathBuf::from("/kubepods/x")
     );
     // Class NONE / SCHED_NONE clear (upstream).
-    adjust(&mut s, &adj(r#"{"linux": {"ioPriority": {"class": "IOPRIO_CLASS_NONE"}, "scheduler": {"policy": "SCHED_NONE"}}}"#))
-        .unwrap();
+    adjust(
+        &mut s,
+        &adj(r#"{"linux": {"ioPriority": {"class": "IOPRIO_CLASS_NONE"}, "scheduler": {"policy": "SCHED_NONE"}}}"#),
+    )
+    .unwrap();
     assert!(s.process().as_ref().unwrap().io_priority().is_none());
     assert!(s.process().as_ref().unwrap().scheduler().is_none());
-    let e = adjust(
-        &mut s,
-        &adj(r#"{"linux": {"oomScoreAdj": {"value": 5000}}}"#),
-    )
-    .unwrap_err();
+    let e = adjust(&mut s, &adj(r#"{"linux": {"oomScoreAdj": {"value": 5000}}}"#)).unwrap_err();
     assert!(e.to_string().contains("oom_score_adj"));
 }
 
@@ -399,10 +364,12 @@ fn seccomp_replaced_wholesale_keeping_errno() {
     let mut s = base_spec();
     adjust(
         &mut s,
-        &adj(r#"{"linux": {"seccompPolicy": {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrno": {"value": 1},
+        &adj(
+            r#"{"linux": {"seccompPolicy": {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrno": {"value": 1},
             "architectures": ["SCMP_ARCH_X86_64"],
             "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO", "errnoRet": {"value": 13},
-               "args": [{"index": 1, "value": 2, "op": "SCMP_CMP_EQ"}]}]}}}"#),
+               "args": [{"index": 1, "value": 2, "op": "SCMP_CMP_EQ"}]}]}}}"#,
+        ),
     )
     .unwrap();
     let sc = s.linux().as_ref().unwrap().seccomp().as_ref().unwrap();
@@ -429,21 +396,14 @@ fn namespaces_add_replace_remove_and_unknown_type() {
     )
     .unwrap();
     let ns = s.linux().as_ref().unwrap().namespaces().as_ref().unwrap();
-    let got: Vec<_> = ns
-        .iter()
-        .map(|n| format!("{:?}:{:?}", n.typ(), n.path()))
-        .collect();
+    let got: Vec<_> = ns.iter().map(|n| format!("{:?}:{:?}", n.typ(), n.path())).collect();
     assert_eq!(got.len(), 3);
     assert!(
         ns.iter()
             .any(|n| n.typ() == LinuxNamespaceType::Network && n.path().is_some())
     );
     assert!(!ns.iter().any(|n| n.typ() == LinuxNamespaceType::Mount));
-    let e = adjust(
-        &mut s,
-        &adj(r#"{"linux": {"namespaces": [{"type": "bogus"}]}}"#),
-    )
-    .unwrap_err();
+    let e = adjust(&mut s, &adj(r#"{"linux": {"namespaces": [{"type": "bogus"}]}}"#)).unwrap_err();
     assert!(e.to_string().contains("bogus"));
 }
 
@@ -483,10 +443,12 @@ fn hugepages_unified_pids_rdt_memory_policy() {
     let mut s = base_spec();
     adjust(
         &mut s,
-        &adj(r#"{"linux": {"resources": {"hugepageLimits": [{"pageSize": "2MB", "limit": "67108864"}],
+        &adj(
+            r#"{"linux": {"resources": {"hugepageLimits": [{"pageSize": "2MB", "limit": "67108864"}],
             "unified": {"cpu.idle": "0"}, "pids": {"limit": "1024"}},
             "rdt": {"closId": {"value": "gold"}, "schemata": {"value": ["L3:0=f"]}},
-            "memoryPolicy": {"mode": "MPOL_INTERLEAVE", "nodes": "0-1", "flags": ["MPOL_F_STATIC_NODES"]}}}"#),
+            "memoryPolicy": {"mode": "MPOL_INTERLEAVE", "nodes": "0-1", "flags": ["MPOL_F_STATIC_NODES"]}}}"#,
+        ),
     )
     .unwrap();
     let r = res(&s);
@@ -494,35 +456,19 @@ fn hugepages_unified_pids_rdt_memory_policy() {
     assert_eq!(r.unified().as_ref().unwrap()["cpu.idle"], "0");
     assert_eq!(r.pids().as_ref().unwrap().limit(), 1024);
     let lin = s.linux().as_ref().unwrap();
-    assert_eq!(
-        lin.intel_rdt().as_ref().unwrap().clos_id().as_deref(),
-        Some("gold")
-    );
-    assert_eq!(
-        lin.memory_policy().as_ref().unwrap().nodes().as_deref(),
-        Some("0-1")
-    );
+    assert_eq!(lin.intel_rdt().as_ref().unwrap().clos_id().as_deref(), Some("gold"));
+    assert_eq!(lin.memory_policy().as_ref().unwrap().nodes().as_deref(), Some("0-1"));
     adjust(&mut s, &adj(r#"{"linux": {"rdt": {"remove": true}}}"#)).unwrap();
     assert!(s.linux().as_ref().unwrap().intel_rdt().is_none());
-    let e = adjust(
-        &mut s,
-        &adj(r#"{"linux": {"memoryPolicy": {"mode": "MPOL_LOCAL"}}}"#),
-    )
-    .unwrap_err();
+    let e = adjust(&mut s, &adj(r#"{"linux": {"memoryPolicy": {"mode": "MPOL_LOCAL"}}}"#)).unwrap_err();
     assert!(e.to_string().contains("MPOL_LOCAL"));
 }
 
 #[test]
 fn cdi_and_classes_need_runtime_helpers() {
     let mut s = base_spec();
-    let e = adjust(
-        &mut s,
-        &adj(r#"{"CDIDevices": [{"name": "vendor.com/gpu=0"}]}"#),
-    )
-    .unwrap_err();
-    assert!(
-        matches!(e, AdjustError::Unsupported { .. }) && e.to_string().contains("vendor.com/gpu=0")
-    );
+    let e = adjust(&mut s, &adj(r#"{"CDIDevices": [{"name": "vendor.com/gpu=0"}]}"#)).unwrap_err();
+    assert!(matches!(e, AdjustError::Unsupported { .. }) && e.to_string().contains("vendor.com/gpu=0"));
     let e = adjust(
         &mut s,
         &adj(r#"{"linux": {"resources": {"blockioClass": {"value": "slow"}}}}"#),

@@ -5,10 +5,7 @@ fn req(json: &str) -> api::ValidateContainerAdjustmentRequest {
 }
 
 fn on(cfg: DefaultValidatorConfig) -> DefaultValidator {
-    DefaultValidator::new(DefaultValidatorConfig {
-        enable: true,
-        ..cfg
-    })
+    DefaultValidator::new(DefaultValidatorConfig { enable: true, ..cfg })
 }
 
 const HOOKED: &str = r#"{"container": {"id": "c1", "name": "app"},
@@ -49,11 +46,7 @@ fn seccomp_rules_follow_the_pristine_profile() {
     });
     assert!(all.validate(&owned("")).unwrap_err().contains("unconfined"));
     let rd = r#""seccompProfile": {"profileType": "RUNTIME_DEFAULT"}"#;
-    assert!(
-        all.validate(&owned(rd))
-            .unwrap_err()
-            .contains("runtime default")
-    );
+    assert!(all.validate(&owned(rd)).unwrap_err().contains("runtime default"));
     let lh = r#""seccompProfile": {"profileType": "LOCALHOST"}"#;
     assert!(all.validate(&owned(lh)).unwrap_err().contains("custom"));
     let only_custom = on(DefaultValidatorConfig {
@@ -126,11 +119,7 @@ fn required_plugins_from_config_and_annotations() {
     let bad = req(&format!(
         r#"{{{base}, "pod": {{"annotations": {{"tolerate-missing.example.com": "maybe"}}}}}}"#
     ));
-    assert!(
-        v.validate(&bad)
-            .unwrap_err()
-            .contains("tolerate-missing.example.com")
-    );
+    assert!(v.validate(&bad).unwrap_err().contains("tolerate-missing.example.com"));
 }
 
 #[test]

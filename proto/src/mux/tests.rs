@@ -120,9 +120,7 @@ async fn announced_length_above_cap_is_a_protocol_error() {
     let (a, mut b) = UnixStream::pair().unwrap();
     let mux = Mux::new(a);
     let mut c1 = mux.open(1).unwrap();
-    b.write_all(&frame_header(1, MAX_PAYLOAD + 1))
-        .await
-        .unwrap();
+    b.write_all(&frame_header(1, MAX_PAYLOAD + 1)).await.unwrap();
     let err = mux.closed().await.expect("closed with an error");
     assert!(
         matches!(
@@ -181,10 +179,7 @@ async fn reserved_and_duplicate_ids_are_refused() {
     let c = mux.open(2).unwrap();
     assert!(matches!(mux.open(2), Err(MuxError::AlreadyOpen(2))));
     drop(c);
-    assert!(
-        mux.open(2).is_ok(),
-        "id is free again once its conn is dropped"
-    );
+    assert!(mux.open(2).is_ok(), "id is free again once its conn is dropped");
     mux.close();
     assert!(matches!(mux.open(3), Err(MuxError::Closed)));
 }
@@ -290,11 +285,7 @@ fn assert_go_readable(frames: &[Vec<u8>]) {
             remaining = 10 + payload;
             first_of_message = true;
         }
-        assert!(
-            f.len() <= remaining,
-            "frame of {} bytes spans two messages",
-            f.len()
-        );
+        assert!(f.len() <= remaining, "frame of {} bytes spans two messages", f.len());
         if first_of_message {
             assert!(
                 f.len() <= 4096 || f.len() == 10,
@@ -302,11 +293,7 @@ fn assert_go_readable(frames: &[Vec<u8>]) {
                 f.len()
             );
         } else {
-            assert_eq!(
-                f.len(),
-                remaining,
-                "message continued in more than one frame"
-            );
+            assert_eq!(f.len(), remaining, "message continued in more than one frame");
         }
         remaining -= f.len();
         first_of_message = false;
@@ -352,21 +339,13 @@ async fn ttrpc_messages_frame_like_go() {
             // (true, id): client -> server; (false, id): server -> client
             let up = async {
                 while let Ok((id, p)) = read_frame_half(&mut sr).await {
-                    rec.lock()
-                        .unwrap()
-                        .entry((true, id))
-                        .or_default()
-                        .push(p.clone());
+                    rec.lock().unwrap().entry((true, id)).or_default().push(p.clone());
                     dw.write_all(&raw_frame(id, &p)).await.unwrap();
                 }
             };
             let down = async {
                 while let Ok((id, p)) = read_frame_half(&mut dr).await {
-                    rec.lock()
-                        .unwrap()
-                        .entry((false, id))
-                        .or_default()
-                        .push(p.clone());
+                    rec.lock().unwrap().entry((false, id)).or_default().push(p.clone());
                     sw.write_all(&raw_frame(id, &p)).await.unwrap();
                 }
             };
@@ -377,18 +356,14 @@ async fn ttrpc_messages_frame_like_go() {
     let smux = Mux::blocked(server_trunk);
     let sconn = smux.open(RUNTIME_SERVICE_CONN).unwrap();
     smux.unblock();
-    let listener = Listener::new(
-        futures::stream::once(async move { Ok(sconn) }).chain(futures::stream::pending()),
-    );
+    let listener = Listener::new(futures::stream::once(async move { Ok(sconn) }).chain(futures::stream::pending()));
     let mut server = Server::new()
         .add_listener(listener)
         .register_service(api_ttrpc::create_runtime(Arc::new(Echo)));
     server.start().await.unwrap();
 
     let cmux = Mux::new(client_trunk);
-    let client = api_ttrpc::RuntimeClient::new(Client::new(Socket::new(
-        cmux.open(RUNTIME_SERVICE_CONN).unwrap(),
-    )));
+    let client = api_ttrpc::RuntimeClient::new(Client::new(Socket::new(cmux.open(RUNTIME_SERVICE_CONN).unwrap())));
     for size in [0usize, 100, 4000, 4086, 4087, 5000, 100_000, 3 << 20] {
         let mut u = api::ContainerUpdate::new();
         u.container_id = "x".repeat(size);
@@ -410,10 +385,7 @@ async fn ttrpc_messages_frame_like_go() {
             rec[&(false, RUNTIME_SERVICE_CONN)].clone(),
         )
     };
-    assert!(
-        requests.iter().any(|f| f.len() > 4096),
-        "large messages were exercised"
-    );
+    assert!(requests.iter().any(|f| f.len() > 4096), "large messages were exercised");
     assert_go_readable(&requests);
     assert_go_readable(&responses);
     server.shutdown().await.unwrap();
@@ -447,11 +419,7 @@ fn go_shape_checker_rejects_bad_framing() {
     assert_go_readable(&[big[..4096].to_vec(), big[4096..].to_vec()]);
     // [4096][a][b]: continuation split again.
     let r = std::panic::catch_unwind(|| {
-        assert_go_readable(&[
-            big[..4096].to_vec(),
-            big[4096..5000].to_vec(),
-            big[5000..].to_vec(),
-        ])
+        assert_go_readable(&[big[..4096].to_vec(), big[4096..5000].to_vec(), big[5000..].to_vec()])
     });
     assert!(r.is_err());
     // Two small messages in one frame span a boundary.

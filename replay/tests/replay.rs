@@ -1,0 +1,207 @@
+//! nri-replay end to end: the real binary, real plugin processes
+//! (`nri-test-plugin` of the integration package), real sockets.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+const REPLAY: &str = env!("CARGO_BIN_EXE_nri-replay");
+
+/// The test plugin, built into the same target directory by `cargo test --workspace`.
+fn test_plugin() -> PathBuf {
+    let p = Path::new(REPLAY).with_file_name("nri-test-plugin");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build -p integration` (cargo test --workspace does)",
+        p.display()
+    );
+    p
+}
+
+fn testdata(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata").join(rel)
+}
+
+fn lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+/// Runs nri-replay on `scenario` and starts `plugins` (idx, name, config)
+/// once its socket exists.
+fn replay_with_external(scenario: &Path, plugins: &[(&str, &str, &str)]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nri.sock");
+    let child = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(&sock)
+        .args(["--wait-plugins", &plugins.len().to_string()])
+        .arg(scenario)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "nri-replay never opened its socket");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut procs = Vec::new();
+    for (idx, name, cfg) in plugins {
+        procs.push(
+            Command::new(test_plugin())
+                .arg("--socket")
+                .arg(&sock)
+                .args(["--idx", idx, "--name", name, "--config", cfg])
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let out = child.wait_with_output().unwrap();
+    for mut p in procs {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    out
+}
+
+#[test]
+fn conflict_is_a_failed_step_naming_both_plugins_and_the_field() {
+    let out = replay_with_external(
+        &testdata("scenarios/conflict.json"),
+        &[
+            (
+                "10",
+                "a",
+                r#"{"events": "CreateContainer", "adjust": {"env": [{"key": "FOO", "value": "a"}]}}"#,
+            ),
+            (
+                "20",
+                "b",
+                r#"{"events": "CreateContainer", "adjust": {"env": [{"key": "FOO", "value": "b"}]}}"#,
+            ),
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let l = lines(&out);
+    assert_eq!(l.len(), 3);
+    assert_eq!(l[0]["ok"], true);
+    let create = &l[1];
+    assert_eq!(create["action"], "create_container");
+    assert_eq!(create["ok"], false);
+    assert_eq!(
+        create["error"],
+        r#"plugins "20-b" and "10-a" both tried to set Env FOO"#
+    );
+    let plugins: Vec<&str> = create["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["plugin"].as_str().unwrap())
+        .collect();
+    assert_eq!(plugins, ["10-a", "20-b"]);
+    assert_eq!(create["plugins"][1]["adjust"]["env"][0]["value"], "b");
+}
+
+#[test]
+fn preinstalled_plugin_adjusts_the_spec_and_every_step_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let conf = dir.path().join("conf.d");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::copy(test_plugin(), plugins.join("10-adjuster")).unwrap();
+    std::fs::write(
+        conf.join("adjuster.conf"),
+        r#"{"events": "CreateContainer,StartContainer",
+            "adjust": {"env": [{"key": "FOO", "value": "nri"}, {"key": "-BAR"}],
+                       "annotations": {"adjusted-by": "10-adjuster"},
+                       "mounts": [{"destination": "/opt/nri", "type": "tmpfs", "source": "tmpfs"}],
+                       "linux": {"resources": {"memory": {"limit": {"value": "134217728"}}}}}}"#,
+    )
+    .unwrap();
+    let out = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.path().join("nri.sock"))
+        .arg("--plugin-path")
+        .arg(&plugins)
+        .arg("--plugin-config-path")
+        .arg(&conf)
+        .args(["--wait-plugins", "1"])
+        .arg(testdata("scenarios/basic.json"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {stderr}\nstdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let l = lines(&out);
+    assert!(l.iter().all(|x| x["ok"] == true), "{l:#?}");
+    let create = l
+        .iter()
+        .find(|x| x["action"] == "create_container" && x["target"] == "c1")
+        .unwrap();
+    let spec = &create["spec"];
+    let env: Vec<&str> = spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        env,
+        ["PATH=/bin:/usr/bin", "FOO=nri"],
+        "FOO replaced in place, BAR removed"
+    );
+    assert_eq!(spec["annotations"]["adjusted-by"], "10-adjuster");
+    assert_eq!(spec["linux"]["resources"]["memory"]["limit"], 134217728);
+    assert!(
+        spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"] == "/opt/nri")
+    );
+    assert_eq!(create["plugins"][0]["plugin"], "10-adjuster");
+    // The NRI-object container has no spec to print but is adjusted too.
+    let c2 = l
+        .iter()
+        .find(|x| x["action"] == "create_container" && x["target"] == "c2")
+        .unwrap();
+    assert!(c2.get("spec").is_none());
+    assert_eq!(c2["adjust"]["env"][0]["key"], "FOO");
+}
+
+#[test]
+fn bad_scenario_fails_with_the_object_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.json");
+    std::fs::write(
+        &f,
+        r#"{"pods": [], "containers": [{"id": "c1", "pod": "nope", "container": {}}], "steps": []}"#,
+    )
+    .unwrap();
+    let out = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.path().join("nri.sock"))
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("container c1") && err.contains("nope"), "{err}");
+}
