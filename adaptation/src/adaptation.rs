@@ -636,7 +636,7 @@ impl Adaptation {
         }
         let pod = result.request().pod.get_or_default().clone();
         let (rsp, pristine, owners) = result.into_parts();
-        if let Some(r) = report.as_deref_mut() {
+        if let Some(r) = report {
             r.owners = Some(owners.as_proto().clone());
         }
         self.validate(&plugins, pod, pristine, &rsp, owners, present).await?;
