@@ -190,6 +190,8 @@ impl AdaptationBuilder {
                 request_lock: tokio::sync::Mutex::new(()),
                 sync_lock: Arc::new(tokio::sync::RwLock::new(())),
                 run: Mutex::new(RunState::default()),
+                lifecycle: tokio::sync::Mutex::new(()),
+                reserved: Mutex::new(Default::default()),
             }),
         })
     }
@@ -236,6 +238,10 @@ struct Inner {
     /// external plugin's sync; write side: that sync.
     sync_lock: Arc<tokio::sync::RwLock<()>>,
     run: Mutex<RunState>,
+    /// Serializes start and stop (never held while dispatching events).
+    lifecycle: tokio::sync::Mutex<()>,
+    /// `IDX-NAME` of every registered (or registering) plugin.
+    reserved: Mutex<std::collections::HashSet<String>>,
 }
 
 #[derive(Default)]
@@ -288,7 +294,9 @@ impl Adaptation {
     /// naming the socket path when the listener cannot be set up; on error
     /// nothing is left running.
     pub async fn start(&self) -> Result<(), Error> {
-        let _req = self.inner.request_lock.lock().await;
+        // Not the request lock: the sync and update callbacks run below, and
+        // a runtime may hold its own lock while calling an event method (R7).
+        let _life = self.inner.lifecycle.lock().await;
         if lock(&self.inner.run).running {
             return Ok(());
         }
@@ -340,7 +348,7 @@ impl Adaptation {
     /// closes every connection, external ones included, and kills launched
     /// plugins. [`Adaptation::start`] may be called again afterwards.
     pub async fn stop(&self) {
-        let _req = self.inner.request_lock.lock().await;
+        let _life = self.inner.lifecycle.lock().await;
         let (listener, socket) = {
             let mut run = lock(&self.inner.run);
             run.running = false;
@@ -923,12 +931,16 @@ struct HostRef(Weak<Inner>);
 
 #[async_trait]
 impl Host for HostRef {
-    fn is_registered(&self, idx: &str, base: &str) -> bool {
-        self.0.upgrade().is_some_and(|i| {
-            i.snapshot()
-                .iter()
-                .any(|p| !p.is_closed() && p.idx == idx && p.base == base)
-        })
+    fn reserve(&self, idx: &str, base: &str) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|i| lock(&i.reserved).insert(format!("{idx}-{base}")))
+    }
+
+    fn release(&self, idx: &str, base: &str) {
+        if let Some(i) = self.0.upgrade() {
+            lock(&i.reserved).remove(&format!("{idx}-{base}"));
+        }
     }
 
     async fn update_containers(

@@ -48,8 +48,11 @@ pub enum PluginOrigin {
 /// adaptation; a trait so this module does not depend on it).
 #[async_trait]
 pub(crate) trait Host: Send + Sync + 'static {
-    /// Whether a live, registered plugin already uses `IDX-NAME`.
-    fn is_registered(&self, idx: &str, base: &str) -> bool;
+    /// Reserves `IDX-NAME` for a registering plugin; false if a live or
+    /// registering plugin already holds it.
+    fn reserve(&self, idx: &str, base: &str) -> bool;
+    /// Releases a name taken by [`Host::reserve`].
+    fn release(&self, idx: &str, base: &str);
     /// Unsolicited UpdateContainers from plugin `plugin`.
     async fn update_containers(
         &self,
@@ -112,7 +115,10 @@ pub(crate) struct Plugin {
     deprecation_warned: Mutex<EventMask>,
     pub policy: FailurePolicy,
     request_timeout: Duration,
-    child: Mutex<Option<tokio::process::Child>>,
+    /// Held across kill and reap, so every caller returns after the
+    /// process is gone.
+    child: tokio::sync::Mutex<Option<tokio::process::Child>>,
+    host: Arc<dyn Host>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -131,7 +137,7 @@ type RegistrationTx = oneshot::Sender<Result<(String, String), String>>;
 /// The Runtime service a plugin calls on logical connection 2.
 struct RuntimeService {
     /// Launched plugins keep their file-name identity; external ones are checked.
-    launched: bool,
+    launched: Option<(String, String)>,
     registration: Mutex<Option<RegistrationTx>>,
     registered: AtomicBool,
     /// `IDX-NAME` once registered (for logs and update attribution).
@@ -155,23 +161,23 @@ impl api_ttrpc::Runtime for RuntimeService {
             // Upstream accepts repeats and lets a plugin rename itself; we refuse.
             return Err(status(ttrpc::Code::FAILED_PRECONDITION, "plugin already registered"));
         }
-        let verdict = if self.launched {
-            Ok((req.plugin_idx.clone(), req.plugin_name.clone()))
-        } else {
-            naming::check_index(&req.plugin_idx)
+        let verdict = match &self.launched {
+            Some(identity) => Ok(identity.clone()),
+            None => naming::check_index(&req.plugin_idx)
                 .and_then(|_| naming::check_name(&req.plugin_name))
                 .map_err(|e| e.to_string())
-                .and_then(|_| {
-                    if self.host.is_registered(&req.plugin_idx, &req.plugin_name) {
-                        Err(format!(
-                            "plugin {}-{} is already registered",
-                            req.plugin_idx, req.plugin_name
-                        ))
-                    } else {
-                        Ok((req.plugin_idx.clone(), req.plugin_name.clone()))
-                    }
-                })
+                .map(|_| (req.plugin_idx.clone(), req.plugin_name.clone())),
         };
+        // One live plugin per IDX-NAME, reserved from registration on so a
+        // second one cannot slip in while the first is still syncing.
+        let verdict = verdict.and_then(|(idx, base)| {
+            if self.host.reserve(&idx, &base) {
+                *self.name.lock().unwrap_or_else(|p| p.into_inner()) = format!("{idx}-{base}");
+                Ok((idx, base))
+            } else {
+                Err(format!("plugin {idx}-{base} is already registered"))
+            }
+        });
         tracing::info!(
             plugin = %format!("{}-{}", req.plugin_idx, req.plugin_name),
             nri_version = version,
@@ -230,11 +236,11 @@ impl Plugin {
         let client = api_ttrpc::PluginClient::new(transport::client(plugin_conn));
         let (reg_tx, reg_rx) = oneshot::channel();
         let service = Arc::new(RuntimeService {
-            launched: launched.is_some(),
+            launched: launched.as_ref().map(|l| (l.idx.clone(), l.base.clone())),
             registration: Mutex::new(Some(reg_tx)),
             registered: AtomicBool::new(false),
             name: Mutex::new(String::new()),
-            host,
+            host: host.clone(),
         });
         let mut server = Server::new()
             .add_listener(transport::listener(runtime_conn))
@@ -246,7 +252,15 @@ impl Plugin {
         // Reading starts only now that both logical connections exist (T-3).
         mux.unblock();
 
-        let fail = |mux: &Mux| mux.close();
+        let fail = |mux: &Mux| {
+            mux.close();
+            // A name reserved by a registration that raced with this
+            // failure must not stay taken.
+            let name = service.name.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some((idx, base)) = name.split_once('-') {
+                host.release(idx, base);
+            }
+        };
         let registered = tokio::select! {
             r = reg_rx => r.ok(),
             _ = mux.closed() => None,
@@ -267,6 +281,7 @@ impl Plugin {
                 return Err(HandshakeError::RegistrationRefused(reason));
             }
             None => {
+                fail(&mux);
                 let _ = server.shutdown().await;
                 return Err(HandshakeError::Closed("registration"));
             }
@@ -300,7 +315,8 @@ impl Plugin {
             deprecation_warned: Mutex::new(EventMask::default()),
             policy,
             request_timeout: params.request_timeout,
-            child: Mutex::new(child),
+            child: tokio::sync::Mutex::new(child),
+            host: host.clone(),
         });
         if let Err(e) = plugin.configure(params, config).await {
             plugin.close().await;
@@ -361,6 +377,7 @@ impl Plugin {
         }
         tracing::info!(plugin = %self.name(), "closing plugin connection");
         self.mux.close();
+        self.host.release(&self.idx, &self.base);
         if let Some(mut server) = self.server.lock().await.take() {
             let _ = server.shutdown().await;
         }
@@ -383,11 +400,12 @@ impl Plugin {
 
     /// SIGKILLs and reaps a launched plugin process.
     pub async fn kill(&self) {
-        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(mut child) = child {
+        let mut guard = self.child.lock().await;
+        if let Some(child) = guard.as_mut() {
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
+        *guard = None;
     }
 
     /// One request with the request timeout; errors classified.

@@ -17,6 +17,8 @@ use std::{
 use nri_adaptation::{Adaptation, AdaptationBuilder, RuntimeState, api};
 use serde::{Deserialize, Serialize};
 
+pub mod raw;
+
 /// Path of the scriptable test plugin, valid in this package's tests.
 #[macro_export]
 macro_rules! test_plugin_bin {
@@ -85,7 +87,9 @@ pub struct LogLine {
     pub nri_version: String,
     /// Configure: (registration, request) timeouts in ms.
     pub timeouts_ms: (i64, i64),
-    /// Configure: environment and fds at process start.
+    /// Configure: facts at process start: `env` (map), `fds` (open fd
+    /// numbers), `fd3_is_socket`, `socket_fds` (fds that are sockets),
+    /// `pid`.
     pub startup: serde_json::Value,
     /// Exit/StartFailed: error text.
     pub error: String,
@@ -208,13 +212,7 @@ impl Drop for PluginProc {
 }
 
 /// Starts `nri-test-plugin` (path `bin`) as an external plugin dialling `socket`.
-pub fn spawn_plugin(
-    bin: &str,
-    socket: &Path,
-    idx: &str,
-    name: &str,
-    behaviour: &Behaviour,
-) -> PluginProc {
+pub fn spawn_plugin(bin: &str, socket: &Path, idx: &str, name: &str, behaviour: &Behaviour) -> PluginProc {
     let child = Command::new(bin)
         .arg("--socket")
         .arg(socket)
@@ -228,13 +226,7 @@ pub fn spawn_plugin(
 
 /// Puts `nri-test-plugin` into `plugin_dir` as `file_name` (a copy, so the
 /// exec bit and name are ours) with `behaviour` as its drop-in config.
-pub fn install_plugin(
-    bin: &str,
-    plugin_dir: &Path,
-    conf_dir: &Path,
-    file_name: &str,
-    behaviour: &Behaviour,
-) {
+pub fn install_plugin(bin: &str, plugin_dir: &Path, conf_dir: &Path, file_name: &str, behaviour: &Behaviour) {
     std::fs::create_dir_all(plugin_dir).expect("plugin dir");
     std::fs::create_dir_all(conf_dir).expect("conf dir");
     let dst = plugin_dir.join(file_name);
@@ -263,6 +255,34 @@ pub struct Store {
     pub evicted: Vec<api::ContainerEviction>,
     /// Number of sync callback calls.
     pub syncs: usize,
+}
+
+impl Store {
+    /// Applies one update to its container (its resources replace the
+    /// container's) and records it in `applied`; gives it back when the
+    /// container is unknown.
+    pub fn apply(&mut self, u: api::ContainerUpdate) -> Result<(), api::ContainerUpdate> {
+        match self.containers.get_mut(&u.container_id) {
+            Some(c) => {
+                let res = u.linux.resources.clone().unwrap_or_default();
+                c.linux.mut_or_insert_default().resources = protobuf::MessageField::some(res);
+                self.applied.push(u);
+                Ok(())
+            }
+            None => Err(u),
+        }
+    }
+
+    /// Applies `updates` in order; returns those that failed.
+    pub fn apply_all(&mut self, updates: Vec<api::ContainerUpdate>) -> Vec<api::ContainerUpdate> {
+        updates.into_iter().filter_map(|u| self.apply(u).err()).collect()
+    }
+
+    /// The current resources of container `id`.
+    pub fn resources(&self, id: &str) -> Option<api::LinuxResources> {
+        let c = self.containers.get(id)?;
+        c.linux.as_ref()?.resources.as_ref().cloned()
+    }
 }
 
 /// A runtime under test: an [`Adaptation`] over a [`Store`], in a temp dir.
@@ -304,22 +324,7 @@ impl TestRuntime {
             })
             .with_update_fn(move |updates| {
                 let store = update_store.clone();
-                async move {
-                    let mut s = store.lock().unwrap();
-                    let mut failed = Vec::new();
-                    for u in updates {
-                        match s.containers.get_mut(&u.container_id) {
-                            Some(c) => {
-                                let res = u.linux.resources.clone().unwrap_or_default();
-                                c.linux.mut_or_insert_default().resources =
-                                    protobuf::MessageField::some(res);
-                                s.applied.push(u);
-                            }
-                            None => failed.push(u),
-                        }
-                    }
-                    Ok(failed)
-                }
+                async move { Ok(store.lock().unwrap().apply_all(updates)) }
             })
             .with_evict_fn(move |ev| {
                 let store = evict_store.clone();
@@ -377,10 +382,7 @@ pub async fn wait_plugins(nri: &Adaptation, names: &[&str]) {
         if now == names {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "plugins are {now:?}, expected {names:?}"
-        );
+        assert!(Instant::now() < deadline, "plugins are {now:?}, expected {names:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -413,4 +415,182 @@ pub fn create_request(pod: &api::PodSandbox, ctr: &api::Container) -> api::Creat
         container: protobuf::MessageField::some(ctr.clone()),
         ..Default::default()
     }
+}
+
+/// Waits until `pred` holds (polling; 20 s deadline).
+///
+/// # Panics
+/// When the deadline passes.
+pub async fn wait_until(what: &str, pred: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pred() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A `ContainerUpdate` of container `id` setting CPU shares and/or cpuset.
+pub fn cpu_update(id: &str, shares: Option<u64>, cpus: Option<&str>) -> api::ContainerUpdate {
+    let mut cpu = api::LinuxCPU::new();
+    if let Some(v) = shares {
+        cpu.shares = protobuf::MessageField::some(api::OptionalUInt64 {
+            value: v,
+            ..Default::default()
+        });
+    }
+    if let Some(c) = cpus {
+        cpu.cpus = c.into();
+    }
+    let mut u = api::ContainerUpdate {
+        container_id: id.into(),
+        ..Default::default()
+    };
+    u.linux.mut_or_insert_default().resources = protobuf::MessageField::some(api::LinuxResources {
+        cpu: protobuf::MessageField::some(cpu),
+        ..Default::default()
+    });
+    u
+}
+
+/// A runtime model with a lock of its own, as containerd's CRI plugin has:
+/// its sync and update callbacks take that lock, and so do its CRI
+/// operations around their call into NRI. This is the lock order that
+/// deadlocked upstream (NRI #78, containerd #13733) when the adaptation held
+/// a lock of its own while calling back into the runtime.
+pub struct LockedRuntime {
+    /// The adaptation.
+    pub nri: Adaptation,
+    /// The runtime's state.
+    pub store: Arc<Mutex<Store>>,
+    /// The runtime's own lock.
+    pub lock: Arc<tokio::sync::Mutex<()>>,
+    /// Temp dir holding socket, plugin dirs and logs.
+    pub dir: tempfile::TempDir,
+}
+
+impl LockedRuntime {
+    /// An adaptation builder like [`TestRuntime::builder`] whose sync and
+    /// update callbacks take `lock` first.
+    pub fn builder(dir: &Path, store: &Arc<Mutex<Store>>, lock: &Arc<tokio::sync::Mutex<()>>) -> AdaptationBuilder {
+        let (sync_store, sync_lock) = (store.clone(), lock.clone());
+        let (update_store, update_lock) = (store.clone(), lock.clone());
+        TestRuntime::builder(dir, store)
+            .with_sync_fn(move || {
+                let (store, lock) = (sync_store.clone(), sync_lock.clone());
+                async move {
+                    let _runtime = lock.lock().await;
+                    let mut s = store.lock().unwrap();
+                    s.syncs += 1;
+                    Ok(RuntimeState {
+                        pods: s.pods.values().cloned().collect(),
+                        containers: s.containers.values().cloned().collect(),
+                    })
+                }
+            })
+            .with_update_fn(move |updates| {
+                let (store, lock) = (update_store.clone(), update_lock.clone());
+                async move {
+                    let _runtime = lock.lock().await;
+                    Ok(store.lock().unwrap().apply_all(updates))
+                }
+            })
+    }
+
+    /// A started runtime with `request_timeout`.
+    pub async fn start(request_timeout: Duration) -> LockedRuntime {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(Mutex::new(Store::default()));
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let nri = Self::builder(dir.path(), &store, &lock)
+            .with_request_timeout(request_timeout)
+            .build()
+            .expect("build adaptation");
+        nri.start().await.expect("start adaptation");
+        LockedRuntime { nri, store, lock, dir }
+    }
+
+    /// The external socket.
+    pub fn sock(&self) -> PathBuf {
+        TestRuntime::socket(self.dir.path())
+    }
+
+    /// Waits until the active plugins are exactly `names` (in order).
+    pub async fn wait_plugins(&self, names: &[&str]) {
+        wait_plugins(&self.nri, names).await;
+    }
+
+    /// Adds a pod and a container to the store.
+    pub fn add(&self, pod_id: &str, ctr_id: &str) -> (api::PodSandbox, api::Container) {
+        let (p, c) = (pod(pod_id), container(pod_id, ctr_id));
+        let mut s = self.store.lock().unwrap();
+        s.pods.insert(pod_id.into(), p.clone());
+        s.containers.insert(ctr_id.into(), c.clone());
+        (p, c)
+    }
+
+    /// CRI StartContainer: the runtime lock, then NRI.
+    ///
+    /// # Errors
+    /// What NRI returns.
+    pub async fn start_container(
+        &self,
+        pod: &api::PodSandbox,
+        ctr: &api::Container,
+    ) -> Result<(), nri_adaptation::Error> {
+        let _runtime = self.lock.lock().await;
+        self.nri.start_container(pod, ctr).await
+    }
+
+    /// CRI UpdateContainerResources: under the runtime lock, NRI
+    /// UpdateContainer, then the plugins' updates and the requested
+    /// resources are applied to the store.
+    ///
+    /// # Errors
+    /// What NRI returns.
+    pub async fn update_container_resources(
+        &self,
+        pod: &api::PodSandbox,
+        ctr: &api::Container,
+        resources: api::LinuxResources,
+    ) -> Result<(), nri_adaptation::Error> {
+        let _runtime = self.lock.lock().await;
+        let req = api::UpdateContainerRequest {
+            pod: protobuf::MessageField::some(pod.clone()),
+            container: protobuf::MessageField::some(ctr.clone()),
+            linux_resources: protobuf::MessageField::some(resources.clone()),
+            ..Default::default()
+        };
+        let updates = self.nri.update_container(req).await?;
+        let mut s = self.store.lock().unwrap();
+        // The adaptation returns the target's complete new resources as the
+        // last element; should it not, apply the requested ones.
+        if !updates.iter().any(|u| u.container_id == ctr.id) {
+            let mut own = api::ContainerUpdate {
+                container_id: ctr.id.clone(),
+                ..Default::default()
+            };
+            own.linux.mut_or_insert_default().resources = protobuf::MessageField::some(resources);
+            s.apply(own).expect("updated container exists");
+        }
+        let failed = s.apply_all(updates);
+        assert!(failed.is_empty(), "updates failed: {failed:?}");
+        Ok(())
+    }
+}
+
+/// File descriptors (≥ 3) this process has open without `FD_CLOEXEC`: what
+/// any child inherits besides what its parent passes on purpose. A test
+/// harness or CI runner may leak some into the test process; tests about fd
+/// hygiene subtract them.
+pub fn inheritable_fds() -> Vec<i32> {
+    let mut fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= 3)
+        .filter(|fd| {
+            nix::fcntl::fcntl(*fd, nix::fcntl::FcntlArg::F_GETFD).is_ok_and(|flags| flags & nix::libc::FD_CLOEXEC == 0)
+        })
+        .collect();
+    fds.sort();
+    fds
 }

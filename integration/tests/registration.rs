@@ -17,13 +17,7 @@ async fn external_plugin_registers_is_configured_synced_and_gets_events() {
     let rt = TestRuntime::start(Duration::from_secs(2)).await;
     let (pod, ctr) = rt.add("p0", "c0");
     let log = rt.log("events.jsonl");
-    let _p = spawn_plugin(
-        test_plugin_bin!(),
-        &rt.sock(),
-        "10",
-        "a",
-        &logging(&log, None),
-    );
+    let _p = spawn_plugin(test_plugin_bin!(), &rt.sock(), "10", "a", &logging(&log, None));
     rt.wait_plugins(&["10-a"]).await;
 
     let cfg = log.wait_event("10-a", "Configure").await;
@@ -39,10 +33,7 @@ async fn external_plugin_registers_is_configured_synced_and_gets_events() {
 
     let (pod1, ctr1) = (integration::pod("p1"), integration::container("p1", "c1"));
     rt.nri.run_pod_sandbox(&pod1).await.unwrap();
-    rt.nri
-        .create_container(create_request(&pod1, &ctr1))
-        .await
-        .unwrap();
+    rt.nri.create_container(create_request(&pod1, &ctr1)).await.unwrap();
     rt.nri.post_create_container(&pod1, &ctr1).await.unwrap();
     rt.nri.start_container(&pod1, &ctr1).await.unwrap();
     rt.nri
@@ -57,9 +48,7 @@ async fn external_plugin_registers_is_configured_synced_and_gets_events() {
     rt.nri.stop_pod_sandbox(&pod).await.unwrap();
     rt.nri.remove_pod_sandbox(&pod).await.unwrap();
     let events: Vec<String> = log
-        .wait_for("all events", |l| {
-            l.iter().any(|x| x.event == "RemovePodSandbox")
-        })
+        .wait_for("all events", |l| l.iter().any(|x| x.event == "RemovePodSandbox"))
         .await
         .into_iter()
         .map(|l| {
@@ -82,6 +71,8 @@ async fn external_plugin_registers_is_configured_synced_and_gets_events() {
             "Synchronize ",
             "RunPodSandbox p1",
             "CreateContainer p1/c1",
+            // Subscribed to every event, the plugin is also a validator.
+            "ValidateContainerAdjustment p1/c1",
             "PostCreateContainer p1/c1",
             "StartContainer p1/c1",
             "StopContainer p0/c0",
@@ -104,10 +95,7 @@ async fn plugins_run_in_index_order_then_name_order() {
     }
     rt.wait_plugins(&["05-x", "10-a", "10-z", "20-b"]).await;
     let (pod, ctr) = (integration::pod("p1"), integration::container("p1", "c1"));
-    rt.nri
-        .create_container(create_request(&pod, &ctr))
-        .await
-        .unwrap();
+    rt.nri.create_container(create_request(&pod, &ctr)).await.unwrap();
     let order: Vec<String> = log
         .lines()
         .into_iter()
@@ -139,10 +127,7 @@ async fn only_subscribed_events_are_delivered() {
     rt.wait_plugins(&["10-pods", "20-starts"]).await;
     let (pod, ctr) = (integration::pod("p1"), integration::container("p1", "c1"));
     rt.nri.run_pod_sandbox(&pod).await.unwrap();
-    rt.nri
-        .create_container(create_request(&pod, &ctr))
-        .await
-        .unwrap();
+    rt.nri.create_container(create_request(&pod, &ctr)).await.unwrap();
     rt.nri.start_container(&pod, &ctr).await.unwrap();
     rt.nri.remove_pod_sandbox(&pod).await.unwrap();
     let seen: Vec<(String, String)> = log

@@ -38,11 +38,7 @@ impl TestPlugin {
     }
 
     /// Applies the scripted sleep, crash and error of `event`.
-    async fn script(
-        &self,
-        event: &str,
-        container: Option<&api::Container>,
-    ) -> Result<(), BoxError> {
+    async fn script(&self, event: &str, container: Option<&api::Container>) -> Result<(), BoxError> {
         let b = self.b();
         if let (Some(only), Some(c)) = (&b.only_container, container) {
             if &c.id != only {
@@ -68,21 +64,12 @@ impl TestPlugin {
             container: c.id.clone(),
             container_name: c.name.clone(),
             env: c.env.clone(),
-            annotations: c
-                .annotations
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            annotations: c.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             ..Default::default()
         }
     }
 
-    async fn container_event(
-        &self,
-        event: &str,
-        pod: &api::PodSandbox,
-        c: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn container_event(&self, event: &str, pod: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
         self.log(Self::ctr_line(event, pod, c));
         self.script(event, Some(c)).await
     }
@@ -101,8 +88,7 @@ impl TestPlugin {
 impl Plugin for TestPlugin {
     async fn configure(&self, req: &api::ConfigureRequest) -> Result<EventMask, BoxError> {
         if !req.config.is_empty() {
-            let b: Behaviour =
-                serde_json::from_str(&req.config).map_err(|e| format!("bad config: {e}"))?;
+            let b: Behaviour = serde_json::from_str(&req.config).map_err(|e| format!("bad config: {e}"))?;
             *self.behaviour.lock().unwrap() = b;
         }
         self.log(LogLine {
@@ -135,10 +121,7 @@ impl Plugin for TestPlugin {
         });
         self.script("Synchronize", None).await?;
         let b = self.b();
-        Ok(b.sync_updates
-            .iter()
-            .map(|j| integration::update_from_json(j))
-            .collect())
+        Ok(b.sync_updates.iter().map(integration::update_from_json).collect())
     }
 
     async fn shutdown(&self) {
@@ -153,8 +136,7 @@ impl Plugin for TestPlugin {
     }
 
     async fn update_pod_sandbox(&self, req: &api::UpdatePodSandboxRequest) -> Result<(), BoxError> {
-        self.pod_event("UpdatePodSandbox", req.pod.get_or_default())
-            .await
+        self.pod_event("UpdatePodSandbox", req.pod.get_or_default()).await
     }
 
     async fn post_update_pod_sandbox(&self, pod: &api::PodSandbox) -> Result<(), BoxError> {
@@ -180,11 +162,7 @@ impl Plugin for TestPlugin {
         if let Some(adj) = &b.adjust {
             rsp.adjust = protobuf::MessageField::some(integration::adjustment_from_json(adj));
         }
-        rsp.update = b
-            .create_updates
-            .iter()
-            .map(integration::update_from_json)
-            .collect();
+        rsp.update = b.create_updates.iter().map(integration::update_from_json).collect();
         if let Some(v) = &b.update_containers_on_create {
             // Unsolicited update from inside an event handler (R8 shape).
             let h = self.handle.lock().unwrap().clone();
@@ -196,27 +174,15 @@ impl Plugin for TestPlugin {
         Ok(rsp)
     }
 
-    async fn post_create_container(
-        &self,
-        pod: &api::PodSandbox,
-        c: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn post_create_container(&self, pod: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
         self.container_event("PostCreateContainer", pod, c).await
     }
 
-    async fn start_container(
-        &self,
-        pod: &api::PodSandbox,
-        c: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn start_container(&self, pod: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
         self.container_event("StartContainer", pod, c).await
     }
 
-    async fn post_start_container(
-        &self,
-        pod: &api::PodSandbox,
-        c: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn post_start_container(&self, pod: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
         self.container_event("PostStartContainer", pod, c).await
     }
 
@@ -229,20 +195,12 @@ impl Plugin for TestPlugin {
         self.container_event("UpdateContainer", pod, c).await?;
         let b = self.b();
         Ok(api::UpdateContainerResponse {
-            update: b
-                .update_updates
-                .iter()
-                .map(integration::update_from_json)
-                .collect(),
+            update: b.update_updates.iter().map(integration::update_from_json).collect(),
             ..Default::default()
         })
     }
 
-    async fn post_update_container(
-        &self,
-        pod: &api::PodSandbox,
-        c: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn post_update_container(&self, pod: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
         self.container_event("PostUpdateContainer", pod, c).await
     }
 
@@ -255,11 +213,7 @@ impl Plugin for TestPlugin {
         Ok(Vec::new())
     }
 
-    async fn remove_container(
-        &self,
-        pod: &api::PodSandbox,
-        c: &api::Container,
-    ) -> Result<(), BoxError> {
+    async fn remove_container(&self, pod: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
         self.container_event("RemoveContainer", pod, c).await
     }
 
@@ -294,16 +248,34 @@ fn startup_facts() -> serde_json::Value {
         })
         .unwrap_or_default();
     fds.sort();
-    let fd3_socket = nix::sys::stat::fstat(3)
-        .map(|st| st.st_mode & 0o170000 == 0o140000)
-        .unwrap_or(false);
-    serde_json::json!({ "env": env, "fds": fds, "fd3_is_socket": fd3_socket })
+    let is_socket = |fd: i32| {
+        nix::sys::stat::fstat(fd)
+            .map(|st| st.st_mode & 0o170000 == 0o140000)
+            .unwrap_or(false)
+    };
+    let socket_fds: Vec<i32> = fds.iter().copied().filter(|fd| is_socket(*fd)).collect();
+    serde_json::json!({
+        "env": env,
+        "fds": fds,
+        "fd3_is_socket": is_socket(3),
+        "socket_fds": socket_fds,
+        "pid": std::process::id(),
+    })
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    // Facts first: reading /proc/self/fd opens one more fd of its own.
+fn main() {
+    // Facts first, before the tokio runtime opens its own fds (epoll,
+    // eventfd, signal sockets); reading /proc/self/fd opens one more fd of
+    // its own, which startup_facts leaves out.
     let startup = startup_facts();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(run(startup));
+}
+
+async fn run(startup: serde_json::Value) {
     let mut args = std::env::args().skip(1);
     let (mut socket, mut idx, mut name, mut config) = (None, None, None, None);
     while let Some(a) = args.next() {
@@ -359,11 +331,7 @@ async fn main() {
     let result = handle.wait().await;
     plugin.log(LogLine {
         event: "Exit".into(),
-        error: result
-            .as_ref()
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default(),
+        error: result.as_ref().err().map(|e| e.to_string()).unwrap_or_default(),
         ..Default::default()
     });
     std::process::exit(if result.is_ok() { 0 } else { 1 });
