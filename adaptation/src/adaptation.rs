@@ -68,9 +68,41 @@ pub struct AdaptationBuilder {
     update_fn: Option<UpdateFn>,
     evict_fn: Option<EvictFn>,
     opts: Options,
+    builtins: Vec<Builtin>,
+}
+
+/// An in-process plugin registered with [`AdaptationBuilder::with_builtin_plugin`].
+#[derive(Clone)]
+struct Builtin {
+    idx: String,
+    base: String,
+    events: nri_proto::events::EventMask,
+    plugin: Arc<dyn nri_stub::Plugin>,
 }
 
 impl AdaptationBuilder {
+    /// Adds a plugin that runs inside the runtime's process: the same
+    /// [`nri_stub::Plugin`] trait as out-of-process Rust plugins, called
+    /// directly (no socket, no serialization). `events` is its
+    /// subscription unless its `configure` returns a non-empty mask.
+    /// Builtins start before pre-installed plugins; one that fails to
+    /// configure or sync makes [`Adaptation::start`] fail (as upstream).
+    pub fn with_builtin_plugin(
+        mut self,
+        idx: impl Into<String>,
+        name: impl Into<String>,
+        events: nri_proto::events::EventMask,
+        plugin: Arc<dyn nri_stub::Plugin>,
+    ) -> Self {
+        self.builtins.push(Builtin {
+            idx: idx.into(),
+            base: name.into(),
+            events,
+            plugin,
+        });
+        self
+    }
+
     /// The runtime's state provider, called before a plugin is synchronized
     /// (once for all pre-installed plugins at start, once per external
     /// plugin). Required.
@@ -186,6 +218,7 @@ impl AdaptationBuilder {
                 update_fn,
                 evict_fn: self.evict_fn,
                 opts: self.opts,
+                builtins: self.builtins,
                 plugins: RwLock::new(Vec::new()),
                 request_lock: tokio::sync::Mutex::new(()),
                 sync_lock: Arc::new(tokio::sync::RwLock::new(())),
@@ -230,6 +263,7 @@ struct Inner {
     update_fn: UpdateFn,
     evict_fn: Option<EvictFn>,
     opts: Options,
+    builtins: Vec<Builtin>,
     /// Active plugins, sorted by (index, name).
     plugins: RwLock<Vec<Arc<Plugin>>>,
     /// Serializes runtime requests (and start/stop), as upstream's mutex.
@@ -272,6 +306,7 @@ impl Adaptation {
             update_fn: None,
             evict_fn: None,
             opts: Options::default(),
+            builtins: Vec::new(),
         }
     }
 
@@ -300,7 +335,36 @@ impl Adaptation {
         if lock(&self.inner.run).running {
             return Ok(());
         }
-        let launched = self.launch_plugins().await?;
+        let mut builtins = Vec::new();
+        for b in &self.inner.builtins {
+            let host: Arc<dyn Host> = Arc::new(HostRef(Arc::downgrade(&self.inner)));
+            let policy = self.inner.opts.failure_policy(&b.idx, &b.base);
+            match Plugin::builtin_plugin(
+                b.idx.clone(),
+                b.base.clone(),
+                b.events,
+                b.plugin.clone(),
+                &self.params(),
+                host,
+                policy,
+            )
+            .await
+            {
+                Ok(p) => builtins.push(p),
+                Err(e) => {
+                    for p in &builtins {
+                        p.close().await;
+                    }
+                    return Err(Error::Builtin {
+                        plugin: format!("{}-{}", b.idx, b.base),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        let n_builtins = builtins.len();
+        let mut launched = builtins;
+        launched.extend(self.launch_plugins().await?);
         let mut ready = Vec::new();
         if !launched.is_empty() {
             let state = match (self.inner.sync_fn)().await {
@@ -313,11 +377,21 @@ impl Adaptation {
                 }
             };
             let mut updates = Vec::new();
-            for p in launched {
+            for (i, p) in launched.into_iter().enumerate() {
                 match p.synchronize(&state.pods, &state.containers).await {
                     Ok(u) => {
                         updates.extend(u);
                         ready.push(p);
+                    }
+                    Err(e) if i < n_builtins => {
+                        for p in &ready {
+                            p.shutdown(Duration::ZERO).await;
+                        }
+                        p.close().await;
+                        return Err(Error::Builtin {
+                            plugin: p.name(),
+                            reason: format!("synchronize failed: {e}"),
+                        });
                     }
                     Err(e) => {
                         tracing::error!(plugin = %p.name(), error = %e, "failed to synchronize pre-installed NRI plugin, dropping it");

@@ -86,6 +86,14 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A builtin plugin failed to configure or synchronize.
+    #[error("builtin NRI plugin {plugin} failed to start: {reason}")]
+    Builtin {
+        /// `IDX-NAME`.
+        plugin: String,
+        /// What failed.
+        reason: String,
+    },
     /// The runtime's sync callback failed.
     #[error("runtime failed to list pods and containers for NRI sync: {0}")]
     SyncCallback(BoxError),

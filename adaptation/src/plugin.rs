@@ -35,6 +35,8 @@ pub enum PluginOrigin {
         /// Peer process id.
         pid: Option<i32>,
     },
+    /// It runs inside the runtime's process.
+    Builtin,
     /// The runtime launched it from the plugin directory.
     Launched {
         /// Path of the executable.
@@ -100,15 +102,31 @@ pub enum HandshakeError {
     Server(String),
 }
 
+/// How requests reach a plugin.
+enum Link {
+    /// A plugin process: ttrpc over the multiplexed connection.
+    Ttrpc {
+        client: api_ttrpc::PluginClient,
+        mux: Mux,
+        server: tokio::sync::Mutex<Option<Server>>,
+    },
+    /// A plugin in the runtime's process, called directly.
+    Builtin {
+        plugin: Arc<dyn nri_stub::Plugin>,
+        /// The subscription given by the runtime when the plugin's
+        /// Configure returns an empty mask.
+        events: EventMask,
+        closed: tokio::sync::Notify,
+    },
+}
+
 /// A connected, configured plugin.
 pub(crate) struct Plugin {
     pub idx: String,
     pub base: String,
     pub origin: PluginOrigin,
     events: AtomicI32,
-    client: api_ttrpc::PluginClient,
-    mux: Mux,
-    server: tokio::sync::Mutex<Option<Server>>,
+    link: Link,
     closed: AtomicBool,
     /// Sticky once the plugin answered a dedicated event RPC with Unimplemented.
     state_change_fallback: AtomicBool,
@@ -307,9 +325,11 @@ impl Plugin {
             base,
             origin,
             events: AtomicI32::new(0),
-            client,
-            mux: mux.clone(),
-            server: tokio::sync::Mutex::new(Some(server)),
+            link: Link::Ttrpc {
+                client,
+                mux: mux.clone(),
+                server: tokio::sync::Mutex::new(Some(server)),
+            },
             closed: AtomicBool::new(false),
             state_change_fallback: AtomicBool::new(false),
             deprecation_warned: Mutex::new(EventMask::default()),
@@ -335,11 +355,24 @@ impl Plugin {
             NRI_version: nri_proto::NRI_VERSION.to_string(),
             ..Default::default()
         };
-        let rsp = self
-            .call("Configure", |c, ctx| async move { c.configure(ctx, &req).await })
-            .await
-            .map_err(|e| HandshakeError::Configure(e.to_string()))?;
-        let mask = EventMask::from_configure(rsp.events).map_err(|e| HandshakeError::Configure(e.to_string()))?;
+        let events = match &self.link {
+            Link::Builtin { plugin, events, .. } => {
+                let mask = self
+                    .builtin("Configure", plugin.configure(&req))
+                    .await
+                    .map_err(|e| HandshakeError::Configure(e.to_string()))?;
+                // Builtins cannot be told apart by the handlers they have;
+                // an empty mask means the one given when adding them.
+                if mask.bits() == 0 { events.bits() } else { mask.bits() }
+            }
+            Link::Ttrpc { .. } => {
+                self.call("Configure", |c, ctx| async move { c.configure(ctx, &req).await })
+                    .await
+                    .map_err(|e| HandshakeError::Configure(e.to_string()))?
+                    .events
+            }
+        };
+        let mask = EventMask::from_configure(events).map_err(|e| HandshakeError::Configure(e.to_string()))?;
         self.events.store(mask.bits(), Ordering::SeqCst);
         tracing::info!(plugin = %self.name(), events = %mask, "plugin configured");
         Ok(())
@@ -361,12 +394,29 @@ impl Plugin {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst) || self.mux.is_closed()
+        self.closed.load(Ordering::SeqCst)
+            || match &self.link {
+                Link::Ttrpc { mux, .. } => mux.is_closed(),
+                Link::Builtin { .. } => false,
+            }
     }
 
     /// Waits until the connection is gone.
     pub async fn closed(&self) {
-        self.mux.closed().await;
+        match &self.link {
+            Link::Ttrpc { mux, .. } => {
+                mux.closed().await;
+            }
+            Link::Builtin { closed, .. } => loop {
+                let notified = closed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.closed.load(Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            },
+        }
     }
 
     /// Closes the connection (idempotent). Launched processes are killed by
@@ -376,10 +426,15 @@ impl Plugin {
             return;
         }
         tracing::info!(plugin = %self.name(), "closing plugin connection");
-        self.mux.close();
         self.host.release(&self.idx, &self.base);
-        if let Some(mut server) = self.server.lock().await.take() {
-            let _ = server.shutdown().await;
+        match &self.link {
+            Link::Ttrpc { mux, server, .. } => {
+                mux.close();
+                if let Some(mut server) = server.lock().await.take() {
+                    let _ = server.shutdown().await;
+                }
+            }
+            Link::Builtin { closed, .. } => closed.notify_waiters(),
         }
     }
 
@@ -387,12 +442,19 @@ impl Plugin {
     /// the connection and kills a launched process.
     pub async fn shutdown(&self, wait: Duration) {
         if !self.is_closed() {
-            let c = self.client.clone();
-            let _ = tokio::time::timeout(
-                wait,
-                c.shutdown(ttrpc::context::with_timeout(wait.as_nanos() as i64), &api::Empty::new()),
-            )
-            .await;
+            match &self.link {
+                Link::Ttrpc { client, .. } => {
+                    let c = client.clone();
+                    let _ = tokio::time::timeout(
+                        wait,
+                        c.shutdown(ttrpc::context::with_timeout(wait.as_nanos() as i64), &api::Empty::new()),
+                    )
+                    .await;
+                }
+                Link::Builtin { plugin, .. } => {
+                    let _ = tokio::time::timeout(wait, plugin.shutdown()).await;
+                }
+            }
         }
         self.close().await;
         self.kill().await;
@@ -417,20 +479,87 @@ impl Plugin {
         if self.is_closed() {
             return Err(PluginError::Closed);
         }
+        let Link::Ttrpc { client, mux, .. } = &self.link else {
+            return Err(PluginError::Protocol(format!(
+                "{what} is not a request for a builtin plugin"
+            )));
+        };
         let timeout = self.request_timeout;
         let ctx = ttrpc::context::with_timeout(timeout.as_nanos() as i64);
-        let result = tokio::time::timeout(timeout, f(self.client.clone(), ctx)).await;
+        let result = tokio::time::timeout(timeout, f(client.clone(), ctx)).await;
         let err = match result {
             Ok(Ok(v)) => return Ok(v),
             Err(_) => PluginError::Timeout(timeout),
             Ok(Err(ttrpc::Error::Others(m))) if m.contains("deadline elapsed") => PluginError::Timeout(timeout),
             Ok(Err(e)) => PluginError::from_ttrpc(e),
         };
-        if self.mux.is_closed() && err.is_fatal() {
+        if mux.is_closed() && err.is_fatal() {
             return Err(PluginError::Closed);
         }
         tracing::debug!(plugin = %self.name(), request = what, error = %err, "plugin request failed");
         Err(err)
+    }
+
+    /// One call of a builtin plugin with the request timeout.
+    async fn builtin<T>(
+        &self,
+        what: &'static str,
+        fut: impl Future<Output = Result<T, nri_stub::BoxError>>,
+    ) -> Result<T, PluginError> {
+        if self.is_closed() {
+            return Err(PluginError::Closed);
+        }
+        match tokio::time::timeout(self.request_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                tracing::debug!(plugin = %self.name(), request = what, error = %e, "builtin plugin failed");
+                Err(PluginError::Returned {
+                    code: ttrpc::Code::UNKNOWN,
+                    message: e.to_string(),
+                })
+            }
+            Err(_) => Err(PluginError::Timeout(self.request_timeout)),
+        }
+    }
+
+    /// Adds an in-process plugin: reserves its name and configures it.
+    pub(crate) async fn builtin_plugin(
+        idx: String,
+        base: String,
+        events: EventMask,
+        plugin: Arc<dyn nri_stub::Plugin>,
+        params: &HandshakeParams,
+        host: Arc<dyn Host>,
+        policy: FailurePolicy,
+    ) -> Result<Arc<Plugin>, HandshakeError> {
+        if !host.reserve(&idx, &base) {
+            return Err(HandshakeError::RegistrationRefused(format!(
+                "plugin {idx}-{base} is already registered"
+            )));
+        }
+        let p = Arc::new(Plugin {
+            idx,
+            base,
+            origin: PluginOrigin::Builtin,
+            events: AtomicI32::new(0),
+            link: Link::Builtin {
+                plugin,
+                events,
+                closed: tokio::sync::Notify::new(),
+            },
+            closed: AtomicBool::new(false),
+            state_change_fallback: AtomicBool::new(false),
+            deprecation_warned: Mutex::new(EventMask::default()),
+            policy,
+            request_timeout: params.request_timeout,
+            child: tokio::sync::Mutex::new(None),
+            host,
+        });
+        if let Err(e) = p.configure(params, String::new()).await {
+            p.close().await;
+            return Err(e);
+        }
+        Ok(p)
     }
 
     /// Synchronize, split into chunks when one message would exceed the
@@ -448,6 +577,9 @@ impl Plugin {
         pods: &[api::PodSandbox],
         containers: &[api::Container],
     ) -> Result<Vec<api::ContainerUpdate>, PluginError> {
+        if let Link::Builtin { plugin, .. } = &self.link {
+            return self.builtin("Synchronize", plugin.synchronize(pods, containers)).await;
+        }
         let timeout = self.request_timeout;
         match tokio::time::timeout(timeout, self.synchronize_chunks(pods, containers, SYNC_MESSAGE_LIMIT)).await {
             Ok(r) => r,
@@ -542,6 +674,23 @@ impl Plugin {
         pod: &api::PodSandbox,
         container: Option<&api::Container>,
     ) -> Result<(), PluginError> {
+        if let Link::Builtin { plugin, .. } = &self.link {
+            let p = plugin.as_ref();
+            let c = container.cloned().unwrap_or_default();
+            let name = event_name(event);
+            return match event {
+                Event::RUN_POD_SANDBOX => self.builtin(name, p.run_pod_sandbox(pod)).await,
+                Event::POST_UPDATE_POD_SANDBOX => self.builtin(name, p.post_update_pod_sandbox(pod)).await,
+                Event::STOP_POD_SANDBOX => self.builtin(name, p.stop_pod_sandbox(pod)).await,
+                Event::REMOVE_POD_SANDBOX => self.builtin(name, p.remove_pod_sandbox(pod)).await,
+                Event::POST_CREATE_CONTAINER => self.builtin(name, p.post_create_container(pod, &c)).await,
+                Event::START_CONTAINER => self.builtin(name, p.start_container(pod, &c)).await,
+                Event::POST_START_CONTAINER => self.builtin(name, p.post_start_container(pod, &c)).await,
+                Event::POST_UPDATE_CONTAINER => self.builtin(name, p.post_update_container(pod, &c)).await,
+                Event::REMOVE_CONTAINER => self.builtin(name, p.remove_container(pod, &c)).await,
+                other => Err(PluginError::Protocol(format!("{other:?} is not a notification event"))),
+            };
+        }
         if !self.state_change_fallback.load(Ordering::SeqCst) {
             let r = self.notify_dedicated(event, pod, container).await;
             match r {
@@ -623,6 +772,9 @@ impl Plugin {
     }
 
     pub async fn update_pod_sandbox(&self, req: &api::UpdatePodSandboxRequest) -> Result<(), PluginError> {
+        if let Link::Builtin { plugin, .. } = &self.link {
+            return self.builtin("UpdatePodSandbox", plugin.update_pod_sandbox(req)).await;
+        }
         let req = req.clone();
         self.call("UpdatePodSandbox", |c, ctx| async move {
             c.update_pod_sandbox(ctx, &req).await
@@ -635,6 +787,10 @@ impl Plugin {
         &self,
         req: &api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, PluginError> {
+        if let Link::Builtin { plugin, .. } = &self.link {
+            let fut = plugin.create_container(req.pod.get_or_default(), req.container.get_or_default());
+            return self.builtin("CreateContainer", fut).await;
+        }
         let req = req.clone();
         self.call("CreateContainer", |c, ctx| async move {
             c.create_container(ctx, &req).await
@@ -646,6 +802,14 @@ impl Plugin {
         &self,
         req: &api::UpdateContainerRequest,
     ) -> Result<api::UpdateContainerResponse, PluginError> {
+        if let Link::Builtin { plugin, .. } = &self.link {
+            let fut = plugin.update_container(
+                req.pod.get_or_default(),
+                req.container.get_or_default(),
+                req.linux_resources.get_or_default(),
+            );
+            return self.builtin("UpdateContainer", fut).await;
+        }
         let req = req.clone();
         self.call("UpdateContainer", |c, ctx| async move {
             c.update_container(ctx, &req).await
@@ -657,6 +821,14 @@ impl Plugin {
         &self,
         req: &api::StopContainerRequest,
     ) -> Result<api::StopContainerResponse, PluginError> {
+        if let Link::Builtin { plugin, .. } = &self.link {
+            let fut = plugin.stop_container(req.pod.get_or_default(), req.container.get_or_default());
+            let update = self.builtin("StopContainer", fut).await?;
+            return Ok(api::StopContainerResponse {
+                update,
+                ..Default::default()
+            });
+        }
         let req = req.clone();
         self.call(
             "StopContainer",
@@ -669,6 +841,22 @@ impl Plugin {
         &self,
         req: &api::ValidateContainerAdjustmentRequest,
     ) -> Result<api::ValidateContainerAdjustmentResponse, PluginError> {
+        if let Link::Builtin { plugin, .. } = &self.link {
+            if self.is_closed() {
+                return Err(PluginError::Closed);
+            }
+            let verdict = tokio::time::timeout(self.request_timeout, plugin.validate_container_adjustment(req))
+                .await
+                .map_err(|_| PluginError::Timeout(self.request_timeout))?;
+            return Ok(match verdict {
+                Ok(()) => api::ValidateContainerAdjustmentResponse::new(),
+                Err(e) => api::ValidateContainerAdjustmentResponse {
+                    reject: true,
+                    reason: e.to_string(),
+                    ..Default::default()
+                },
+            });
+        }
         let req = req.clone();
         self.call("ValidateContainerAdjustment", |c, ctx| async move {
             c.validate_container_adjustment(ctx, &req).await

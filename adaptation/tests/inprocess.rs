@@ -61,3 +61,69 @@ async fn stub_registers_and_adjusts() {
     nri.stop().await;
     assert!(handle.wait().await.is_ok(), "Shutdown ends the plugin cleanly");
 }
+
+struct Reject;
+
+#[nri_stub::async_trait]
+impl Plugin for Reject {
+    async fn validate_container_adjustment(
+        &self,
+        req: &api::ValidateContainerAdjustmentRequest,
+    ) -> Result<(), BoxError> {
+        if req.adjust.env.iter().any(|e| e.key == "HELLO") {
+            return Err("HELLO is not allowed here".into());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builtin_plugins_adjust_and_validate_in_process() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let nri = Adaptation::builder("test-runtime", "0.1")
+        .with_sync_fn(|| async { Ok(RuntimeState::default()) })
+        .with_update_fn(|_| async { Ok(Vec::new()) })
+        .with_disabled_connections()
+        .with_plugin_path(dir.path().join("none"))
+        .with_builtin_plugin(
+            "10",
+            "add-env",
+            EventMask::parse("CreateContainer").unwrap(),
+            Arc::new(AddEnv),
+        )
+        .build()
+        .unwrap();
+    nri.start().await.unwrap();
+    assert_eq!(nri.plugin_names(), ["10-add-env"]);
+    let mut req = api::CreateContainerRequest::new();
+    req.container.mut_or_insert_default().id = "c1".into();
+    let (rsp, report) = nri.create_container_with_report(req.clone()).await;
+    let rsp = rsp.unwrap();
+    assert_eq!(report.plugins.len(), 1, "{report:?}");
+    assert_eq!(rsp.adjust.env[0].key, "HELLO");
+    nri.stop().await;
+    assert!(nri.plugin_names().is_empty());
+
+    let nri = Adaptation::builder("test-runtime", "0.1")
+        .with_sync_fn(|| async { Ok(RuntimeState::default()) })
+        .with_update_fn(|_| async { Ok(Vec::new()) })
+        .with_disabled_connections()
+        .with_plugin_path(dir.path().join("none"))
+        .with_builtin_plugin(
+            "10",
+            "add-env",
+            EventMask::parse("CreateContainer").unwrap(),
+            Arc::new(AddEnv),
+        )
+        .with_builtin_plugin("90", "reject", EventMask::parse("validate").unwrap(), Arc::new(Reject))
+        .build()
+        .unwrap();
+    nri.start().await.unwrap();
+    let e = nri.create_container(req).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        r#"validator "90-reject" rejected container adjustment, reason: HELLO is not allowed here"#
+    );
+    nri.stop().await;
+}
