@@ -389,7 +389,7 @@ impl Adaptation {
                         }
                         p.close().await;
                         return Err(Error::Builtin {
-                            plugin: p.name(),
+                            plugin: p.name().to_string(),
                             reason: format!("synchronize failed: {e}"),
                         });
                     }
@@ -451,7 +451,7 @@ impl Adaptation {
 
     /// `IDX-NAME` of the active plugins, in invocation order.
     pub fn plugin_names(&self) -> Vec<String> {
-        self.snapshot().iter().map(|p| p.name()).collect()
+        self.snapshot().iter().map(|p| p.name().to_string()).collect()
     }
 
     /// Holds off the synchronization of newly connected plugins until the
@@ -547,7 +547,7 @@ impl Adaptation {
     /// Decides what a plugin failure means for the request in flight.
     async fn plugin_failed(&self, p: &Arc<Plugin>, event: Event, e: PluginError) -> Result<(), Error> {
         let err = |source| Error::Plugin {
-            plugin: p.name(),
+            plugin: p.name().to_string(),
             event: event_name(event),
             source,
         };
@@ -672,7 +672,12 @@ impl Adaptation {
         mut report: Option<&mut CreateReport>,
     ) -> Result<api::CreateContainerResponse, Error> {
         let _req = self.inner.request_lock.lock().await;
-        let mut result = CreateResult::new(req);
+        let plugins = self.snapshot();
+        let validating = self.inner.opts.default_validator.enable
+            || plugins
+                .iter()
+                .any(|p| p.subscribed(Event::VALIDATE_CONTAINER_ADJUSTMENT));
+        let mut result = CreateResult::with_pristine(req, validating);
         // Plugins present for validation: builtins, plugins that do not
         // handle CreateContainer, and those that answered it. A plugin that
         // failed or timed out does not count (fix of NRI #316, case R5).
@@ -680,7 +685,6 @@ impl Adaptation {
         if self.inner.opts.default_validator.enable {
             present.push(instance("00", "default-validator"));
         }
-        let plugins = self.snapshot();
         for p in &plugins {
             if !p.subscribed(Event::CREATE_CONTAINER) {
                 if !p.is_closed() {
@@ -693,21 +697,21 @@ impl Adaptation {
                     present.push(instance(&p.idx, &p.base));
                     if let Some(r) = report.as_deref_mut() {
                         r.plugins.push(PluginResponse {
-                            plugin: p.name(),
+                            plugin: p.name().to_string(),
                             response: Some(rsp.clone()),
                             error: None,
                         });
                     }
-                    let applied = result.apply(&p.name(), rsp);
+                    let applied = result.apply(p.name(), rsp);
                     if let Some(r) = report.as_deref_mut() {
-                        r.owners = Some(result.owners().as_proto().clone());
+                        r.owners = Some(result.owners().into_proto());
                     }
                     applied?;
                 }
                 Err(e) => {
                     if let Some(r) = report.as_deref_mut() {
                         r.plugins.push(PluginResponse {
-                            plugin: p.name(),
+                            plugin: p.name().to_string(),
                             response: None,
                             error: Some(e.to_string()),
                         });
@@ -833,8 +837,8 @@ impl Adaptation {
             }
             match p.update_container(result.update_request()).await {
                 Ok(rsp) => {
-                    self.evict(&p.name(), rsp.evict).await;
-                    result.apply(&p.name(), rsp.update)?;
+                    self.evict(p.name(), rsp.evict).await;
+                    result.apply(p.name(), rsp.update)?;
                 }
                 Err(e) => self.plugin_failed(&p, Event::UPDATE_CONTAINER, e).await?,
             }
@@ -863,7 +867,7 @@ impl Adaptation {
                 continue;
             }
             match p.stop_container(&req).await {
-                Ok(rsp) => result.apply(&p.name(), rsp.update)?,
+                Ok(rsp) => result.apply(p.name(), rsp.update)?,
                 Err(e) => self.plugin_failed(&p, Event::STOP_CONTAINER, e).await?,
             }
         }

@@ -48,7 +48,12 @@ impl Owners {
     }
 
     fn of(&mut self, id: &str) -> &mut api::FieldOwners {
-        self.inner.owners.entry(id.to_string()).or_default()
+        // Look up first: allocating the key on every claim is the merge's
+        // most frequent cost.
+        if !self.inner.owners.contains_key(id) {
+            self.inner.owners.insert(id.to_string(), api::FieldOwners::new());
+        }
+        self.inner.owners.get_mut(id).expect("inserted above")
     }
 
     /// Owner of a simple field of container `id`, if any.
@@ -80,24 +85,7 @@ impl Owners {
     /// or when `plugin` itself already set it (claims are not idempotent,
     /// as upstream: sending the same field twice is a conflict).
     pub fn claim_simple(&mut self, id: &str, field: Field, plugin: &str) -> Result<(), MergeError> {
-        let f = self.of(id);
-        if let Some(other) = f.simple.get(&(field as i32)) {
-            let other = match marked(other) {
-                Some(clearer) if clearer == plugin => None,
-                Some(clearer) => Some(clearer.to_string()),
-                None => Some(other.clone()),
-            };
-            if let Some(other) = other {
-                return Err(MergeError::Conflict {
-                    plugin: plugin.to_string(),
-                    other,
-                    field,
-                    key: None,
-                });
-            }
-        }
-        f.simple.insert(field as i32, plugin.to_string());
-        Ok(())
+        claim_simple(self.of(id), field, plugin)
     }
 
     /// Records `plugin` as owner of `key` of a compound field.
@@ -105,53 +93,110 @@ impl Owners {
     /// # Errors
     /// As [`Owners::claim_simple`], per key.
     pub fn claim_compound(&mut self, id: &str, field: Field, key: &str, plugin: &str) -> Result<(), MergeError> {
-        let f = self.of(id);
-        let m = f.compound.entry(field as i32).or_default();
-        if let Some(other) = m.owners.get(key) {
-            let other = match marked(other) {
-                Some(clearer) if clearer == plugin => None,
-                Some(clearer) => Some(clearer.to_string()),
-                None => Some(other.clone()),
-            };
-            if let Some(other) = other {
-                return Err(MergeError::Conflict {
-                    plugin: plugin.to_string(),
-                    other,
-                    field,
-                    key: Some(key.to_string()),
-                });
-            }
-        }
-        m.owners.insert(key.to_string(), plugin.to_string());
-        Ok(())
+        claim_compound(self.of(id), field, key, plugin)
     }
 
     /// Marks a simple field as cleared by `plugin` (no conflict check).
     pub fn clear_simple(&mut self, id: &str, field: Field, plugin: &str) {
-        self.of(id).simple.insert(field as i32, format!("-{plugin}"));
+        clear_simple(self.of(id), field, plugin)
     }
 
     /// Marks `key` of a compound field as cleared by `plugin`.
     pub fn clear_compound(&mut self, id: &str, field: Field, key: &str, plugin: &str) {
-        self.of(id)
-            .compound
-            .entry(field as i32)
-            .or_default()
-            .owners
-            .insert(key.to_string(), format!("-{plugin}"));
+        clear_compound(self.of(id), field, key, plugin)
     }
 
     /// Adds `plugin` to the accumulated owners of a field (OCI hooks).
     pub fn accumulate(&mut self, id: &str, field: Field, plugin: &str) {
-        let f = self.of(id);
-        let entry = f.simple.entry(field as i32).or_default();
-        if entry.is_empty() {
-            *entry = plugin.to_string();
-        } else {
-            entry.push(',');
-            entry.push_str(plugin);
+        accumulate(self.of(id), field, plugin)
+    }
+
+    /// The records of container `id`, created empty on first use.
+    pub(crate) fn field_owners_mut(&mut self, id: &str) -> &mut api::FieldOwners {
+        self.of(id)
+    }
+
+    /// Sets the records of container `id` wholesale.
+    pub(crate) fn set(&mut self, id: &str, owners: api::FieldOwners) {
+        self.inner.owners.insert(id.to_string(), owners);
+    }
+}
+
+fn conflict(plugin: &str, other: &str, field: Field, key: Option<&str>) -> Option<MergeError> {
+    let other = match marked(other) {
+        Some(clearer) if clearer == plugin => return None,
+        Some(clearer) => clearer,
+        None => other,
+    };
+    Some(MergeError::Conflict {
+        plugin: plugin.to_string(),
+        other: other.to_string(),
+        field,
+        key: key.map(str::to_string),
+    })
+}
+
+/// [`Owners::claim_simple`] on one container's records.
+pub(crate) fn claim_simple(f: &mut api::FieldOwners, field: Field, plugin: &str) -> Result<(), MergeError> {
+    if let Some(other) = f.simple.get(&(field as i32))
+        && let Some(e) = conflict(plugin, other, field, None)
+    {
+        return Err(e);
+    }
+    f.simple.insert(field as i32, plugin.to_string());
+    Ok(())
+}
+
+/// [`Owners::claim_compound`] on one container's records.
+pub(crate) fn claim_compound(
+    f: &mut api::FieldOwners,
+    field: Field,
+    key: &str,
+    plugin: &str,
+) -> Result<(), MergeError> {
+    // Sized for a few plugins' keys up front: growing the map is a large
+    // part of a claim's cost.
+    let m = f.compound.entry(field as i32).or_insert_with(|| {
+        let mut m = api::CompoundFieldOwners::new();
+        m.owners.reserve(16);
+        m
+    });
+    match m.owners.get_mut(key) {
+        Some(other) => match conflict(plugin, other, field, Some(key)) {
+            Some(e) => Err(e),
+            None => {
+                plugin.clone_into(other);
+                Ok(())
+            }
+        },
+        None => {
+            m.owners.insert(key.to_string(), plugin.to_string());
+            Ok(())
         }
     }
+}
+
+/// [`Owners::clear_simple`] on one container's records.
+pub(crate) fn clear_simple(f: &mut api::FieldOwners, field: Field, plugin: &str) {
+    f.simple.insert(field as i32, format!("-{plugin}"));
+}
+
+/// [`Owners::clear_compound`] on one container's records.
+pub(crate) fn clear_compound(f: &mut api::FieldOwners, field: Field, key: &str, plugin: &str) {
+    f.compound
+        .entry(field as i32)
+        .or_default()
+        .owners
+        .insert(key.to_string(), format!("-{plugin}"));
+}
+
+/// [`Owners::accumulate`] on one container's records.
+pub(crate) fn accumulate(f: &mut api::FieldOwners, field: Field, plugin: &str) {
+    let entry = f.simple.entry(field as i32).or_default();
+    if !entry.is_empty() {
+        entry.push(',');
+    }
+    entry.push_str(plugin);
 }
 
 #[cfg(test)]

@@ -124,6 +124,8 @@ enum Link {
 pub(crate) struct Plugin {
     pub idx: String,
     pub base: String,
+    /// `IDX-NAME`, computed once.
+    qualified: String,
     pub origin: PluginOrigin,
     events: AtomicI32,
     link: Link,
@@ -321,6 +323,7 @@ impl Plugin {
         let policy = policy_for(&idx, &base);
 
         let plugin = Arc::new(Plugin {
+            qualified: format!("{idx}-{base}"),
             idx,
             base,
             origin,
@@ -379,8 +382,8 @@ impl Plugin {
     }
 
     /// `IDX-NAME`.
-    pub fn name(&self) -> String {
-        format!("{}-{}", self.idx, self.base)
+    pub fn name(&self) -> &str {
+        &self.qualified
     }
 
     /// The subscription mask (0 before Configure).
@@ -485,13 +488,13 @@ impl Plugin {
             )));
         };
         let timeout = self.request_timeout;
+        // The deadline travels with the request (the plugin sees it) and
+        // ttrpc enforces it locally: one timer per request.
         let ctx = ttrpc::context::with_timeout(timeout.as_nanos() as i64);
-        let result = tokio::time::timeout(timeout, f(client.clone(), ctx)).await;
-        let err = match result {
-            Ok(Ok(v)) => return Ok(v),
-            Err(_) => PluginError::Timeout(timeout),
-            Ok(Err(ttrpc::Error::Others(m))) if m.contains("deadline elapsed") => PluginError::Timeout(timeout),
-            Ok(Err(e)) => PluginError::from_ttrpc(e),
+        let err = match f(client.clone(), ctx).await {
+            Ok(v) => return Ok(v),
+            Err(ttrpc::Error::Others(m)) if m.contains("deadline elapsed") => PluginError::Timeout(timeout),
+            Err(e) => PluginError::from_ttrpc(e),
         };
         if mux.is_closed() && err.is_fatal() {
             return Err(PluginError::Closed);
@@ -538,6 +541,7 @@ impl Plugin {
             )));
         }
         let p = Arc::new(Plugin {
+            qualified: format!("{idx}-{base}"),
             idx,
             base,
             origin: PluginOrigin::Builtin,
@@ -775,9 +779,8 @@ impl Plugin {
         if let Link::Builtin { plugin, .. } = &self.link {
             return self.builtin("UpdatePodSandbox", plugin.update_pod_sandbox(req)).await;
         }
-        let req = req.clone();
         self.call("UpdatePodSandbox", |c, ctx| async move {
-            c.update_pod_sandbox(ctx, &req).await
+            c.update_pod_sandbox(ctx, req).await
         })
         .await
         .map(|_| ())
@@ -791,10 +794,10 @@ impl Plugin {
             let fut = plugin.create_container(req.pod.get_or_default(), req.container.get_or_default());
             return self.builtin("CreateContainer", fut).await;
         }
-        let req = req.clone();
-        self.call("CreateContainer", |c, ctx| async move {
-            c.create_container(ctx, &req).await
-        })
+        self.call(
+            "CreateContainer",
+            |c, ctx| async move { c.create_container(ctx, req).await },
+        )
         .await
     }
 
@@ -810,10 +813,10 @@ impl Plugin {
             );
             return self.builtin("UpdateContainer", fut).await;
         }
-        let req = req.clone();
-        self.call("UpdateContainer", |c, ctx| async move {
-            c.update_container(ctx, &req).await
-        })
+        self.call(
+            "UpdateContainer",
+            |c, ctx| async move { c.update_container(ctx, req).await },
+        )
         .await
     }
 
@@ -829,10 +832,9 @@ impl Plugin {
                 ..Default::default()
             });
         }
-        let req = req.clone();
         self.call(
             "StopContainer",
-            |c, ctx| async move { c.stop_container(ctx, &req).await },
+            |c, ctx| async move { c.stop_container(ctx, req).await },
         )
         .await
     }
@@ -857,9 +859,8 @@ impl Plugin {
                 },
             });
         }
-        let req = req.clone();
         self.call("ValidateContainerAdjustment", |c, ctx| async move {
-            c.validate_container_adjustment(ctx, &req).await
+            c.validate_container_adjustment(ctx, req).await
         })
         .await
     }

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use nri_proto::api::{self, Field};
 use protobuf::MessageField;
 
-use crate::owners::Owners;
+use crate::owners::{self, Owners};
 
 /// Conflicting or disallowed plugin adjustments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,21 +105,36 @@ pub struct CreateResult {
     pristine: api::Container,
     reply: api::ContainerAdjustment,
     updates: Updates,
+    /// Owners of the created container's fields (kept apart from `owners`
+    /// so the hot path does not hash the container id for every claim).
+    own: api::FieldOwners,
+    /// Owners of other containers' fields (updates).
     owners: Owners,
 }
 
 impl CreateResult {
     /// Starts from the runtime's request (normalized, see
     /// [`normalize_container`]).
-    pub fn new(mut request: api::CreateContainerRequest) -> Self {
+    pub fn new(request: api::CreateContainerRequest) -> Self {
+        Self::with_pristine(request, true)
+    }
+
+    /// [`CreateResult::new`]; keeps a copy of the pristine container only
+    /// when `keep_pristine` (validators need it, nothing else does).
+    pub fn with_pristine(mut request: api::CreateContainerRequest, keep_pristine: bool) -> Self {
         normalize_container(request.container.mut_or_insert_default());
         request.pod.mut_or_insert_default();
-        let pristine = request.container.get_or_default().clone();
+        let pristine = if keep_pristine {
+            request.container.get_or_default().clone()
+        } else {
+            api::Container::new()
+        };
         CreateResult {
             request,
             pristine,
             reply: empty_adjustment(),
             updates: Updates::default(),
+            own: api::FieldOwners::new(),
             owners: Owners::new(),
         }
     }
@@ -130,14 +145,17 @@ impl CreateResult {
         &self.request
     }
 
-    /// The container before any plugin changed it (what validators get).
+    /// The container before any plugin changed it (what validators get;
+    /// empty when created without it).
     pub fn pristine(&self) -> &api::Container {
         &self.pristine
     }
 
-    /// Ownership records so far.
-    pub fn owners(&self) -> &Owners {
-        &self.owners
+    /// Ownership records so far (a copy).
+    pub fn owners(&self) -> Owners {
+        let mut o = self.owners.clone();
+        o.set(&self.request.container.id, self.own.clone());
+        o
     }
 
     /// The merged adjustment so far.
@@ -150,10 +168,6 @@ impl CreateResult {
         &self.updates.list
     }
 
-    fn id(&self) -> String {
-        self.request.container.id.clone()
-    }
-
     /// Merges one plugin's response. On error this result must be dropped
     /// (the runtime request fails as a whole).
     ///
@@ -163,14 +177,11 @@ impl CreateResult {
         if let Some(adj) = rsp.adjust.into_option() {
             self.adjust(plugin, adj)?;
         }
-        let id = self.id();
-        for u in &rsp.update {
-            if u.container_id == id {
-                return Err(MergeError::UpdateDuringCreation {
-                    plugin: plugin.to_string(),
-                    container: id,
-                });
-            }
+        if let Some(u) = rsp.update.iter().find(|u| u.container_id == self.request.container.id) {
+            return Err(MergeError::UpdateDuringCreation {
+                plugin: plugin.to_string(),
+                container: u.container_id.clone(),
+            });
         }
         self.updates.merge(&mut self.owners, plugin, rsp.update, None)
     }
@@ -186,9 +197,14 @@ impl CreateResult {
 
     /// Splits into (response, pristine container, owners).
     pub fn into_parts(self) -> (api::CreateContainerResponse, api::Container, Owners) {
-        let pristine = self.pristine.clone();
-        let owners = self.owners.clone();
-        (self.into_response(), pristine, owners)
+        let rsp = api::CreateContainerResponse {
+            adjust: MessageField::some(self.reply),
+            update: self.updates.list,
+            ..Default::default()
+        };
+        let mut owners = self.owners;
+        owners.set(&self.request.container.id, self.own);
+        (rsp, self.pristine, owners)
     }
 
     fn adjust(&mut self, plugin: &str, a: api::ContainerAdjustment) -> Result<(), MergeError> {
@@ -209,7 +225,7 @@ impl CreateResult {
             self.sysctl(plugin, l.sysctl)?;
             self.net_devices(plugin, l.net_devices)?;
             if let Some(s) = l.scheduler.into_option() {
-                self.owners.claim_simple(&self.id(), Field::LinuxSched, plugin)?;
+                owners::claim_simple(&mut self.own, Field::LinuxSched, plugin)?;
                 self.ctr_linux().scheduler = MessageField::some(s.clone());
                 self.reply.linux.mut_or_insert_default().scheduler = MessageField::some(s);
             }
@@ -217,18 +233,17 @@ impl CreateResult {
                 self.rdt(plugin, rdt)?;
             }
             if let Some(mp) = l.memory_policy.into_option() {
-                self.owners.claim_simple(&self.id(), Field::MemoryPolicy, plugin)?;
+                owners::claim_simple(&mut self.own, Field::MemoryPolicy, plugin)?;
                 self.reply.linux.mut_or_insert_default().memory_policy = MessageField::some(mp);
             }
         }
-        let id = self.id();
         for rl in a.rlimits {
-            self.owners.claim_compound(&id, Field::Rlimits, &rl.type_, plugin)?;
+            owners::claim_compound(&mut self.own, Field::Rlimits, &rl.type_, plugin)?;
             self.request.container.mut_or_insert_default().rlimits.push(rl.clone());
             self.reply.rlimits.push(rl);
         }
         for d in a.CDI_devices {
-            self.owners.claim_compound(&id, Field::CdiDevices, &d.name, plugin)?;
+            owners::claim_compound(&mut self.own, Field::CdiDevices, &d.name, plugin)?;
             self.reply.CDI_devices.push(d);
         }
         Ok(())
@@ -239,17 +254,16 @@ impl CreateResult {
         if m.is_empty() {
             return Ok(());
         }
-        let id = self.id();
         let (dels, sets) = split_map(m);
         let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
         for (k, v) in sets {
             let ctr = &mut self.request.container.mut_or_insert_default().annotations;
             if dels.contains(&k) {
-                self.owners.clear_compound(&id, Field::Annotations, &k, plugin);
+                owners::clear_compound(&mut self.own, Field::Annotations, &k, plugin);
                 ctr.remove(&k);
                 self.reply.annotations.insert(format!("-{k}"), String::new());
             }
-            self.owners.claim_compound(&id, Field::Annotations, &k, plugin)?;
+            owners::claim_compound(&mut self.own, Field::Annotations, &k, plugin)?;
             let ctr = &mut self.request.container.mut_or_insert_default().annotations;
             ctr.insert(k.clone(), v.clone());
             self.reply.annotations.insert(k, v);
@@ -266,16 +280,15 @@ impl CreateResult {
         if m.is_empty() {
             return Ok(());
         }
-        let id = self.id();
         let (dels, sets) = split_map(m);
         let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
         for (k, v) in sets {
             if dels.contains(&k) {
-                self.owners.clear_compound(&id, Field::Sysctl, &k, plugin);
+                owners::clear_compound(&mut self.own, Field::Sysctl, &k, plugin);
                 self.ctr_linux().sysctl.remove(&k);
                 self.reply_linux().sysctl.insert(format!("-{k}"), String::new());
             }
-            self.owners.claim_compound(&id, Field::Sysctl, &k, plugin)?;
+            owners::claim_compound(&mut self.own, Field::Sysctl, &k, plugin)?;
             self.ctr_linux().sysctl.insert(k.clone(), v.clone());
             self.reply_linux().sysctl.insert(k, v);
         }
@@ -293,18 +306,17 @@ impl CreateResult {
         if m.is_empty() {
             return Ok(());
         }
-        let id = self.id();
         let (dels, sets) = split_map(m);
         let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
         for (k, v) in sets {
             if dels.contains(&k) {
-                self.owners.clear_compound(&id, Field::LinuxNetDevices, &k, plugin);
+                owners::clear_compound(&mut self.own, Field::LinuxNetDevices, &k, plugin);
                 self.ctr_linux().net_devices.remove(&k);
                 self.reply_linux()
                     .net_devices
                     .insert(format!("-{k}"), api::LinuxNetDevice::new());
             }
-            self.owners.claim_compound(&id, Field::LinuxNetDevices, &k, plugin)?;
+            owners::claim_compound(&mut self.own, Field::LinuxNetDevices, &k, plugin)?;
             self.ctr_linux().net_devices.insert(k.clone(), v.clone());
             self.reply_linux().net_devices.insert(k, v);
         }
@@ -332,33 +344,36 @@ impl CreateResult {
         if mounts.is_empty() {
             return Ok(());
         }
-        let id = self.id();
         let (del, add) = split_keyed(mounts, |m| &m.destination);
-        // Removals drop what earlier plugins added, clearing their ownership.
-        let mut kept = Vec::new();
-        for m in std::mem::take(&mut self.reply.mounts) {
-            if del.contains_key(&m.destination) {
-                self.owners.clear_compound(&id, Field::Mounts, &m.destination, plugin);
-            } else {
-                kept.push(m);
-            }
+        if !del.is_empty() {
+            // Removals drop what earlier plugins added, clearing their ownership.
+            let own = &mut self.own;
+            self.reply.mounts.retain(|m| {
+                let removed = del.contains_key(&m.destination);
+                if removed {
+                    owners::clear_compound(own, Field::Mounts, &m.destination, plugin);
+                }
+                !removed
+            });
         }
-        self.reply.mounts = kept;
-        let mods: BTreeSet<&String> = add.iter().map(|m| &m.destination).collect();
+        let mods: Vec<&str> = add.iter().map(|m| m.destination.as_str()).collect();
         let ctr = self.request.container.mut_or_insert_default();
         ctr.mounts
-            .retain(|m| !del.contains_key(&m.destination) && !mods.contains(&m.destination));
+            .retain(|m| !del.contains_key(&m.destination) && !mods.contains(&m.destination.as_str()));
         for m in &add {
-            self.owners.claim_compound(&id, Field::Mounts, &m.destination, plugin)?;
-            self.reply.mounts.push(m.clone());
+            owners::claim_compound(&mut self.own, Field::Mounts, &m.destination, plugin)?;
         }
-        for (key, m) in &del {
-            let already = self.reply.mounts.iter().any(|x| x.destination == m.destination);
-            if !mods.contains(key) && !already {
-                self.reply.mounts.push(m.clone());
-            }
-        }
-        self.request.container.mut_or_insert_default().mounts.extend(add);
+        let markers: Vec<api::Mount> = del
+            .into_iter()
+            .filter(|(key, m)| {
+                !mods.contains(&key.as_str()) && !self.reply.mounts.iter().any(|x| x.destination == m.destination)
+            })
+            .map(|(_, m)| m)
+            .collect();
+        let ctr = self.request.container.mut_or_insert_default();
+        ctr.mounts.extend(add.iter().cloned());
+        self.reply.mounts.extend(add);
+        self.reply.mounts.extend(markers);
         Ok(())
     }
 
@@ -366,7 +381,6 @@ impl CreateResult {
         if devices.is_empty() {
             return Ok(());
         }
-        let id = self.id();
         let (del, add) = split_keyed(devices, |d| &d.path);
         let reply = self.reply_linux();
         let mut cleared = Vec::new();
@@ -380,21 +394,21 @@ impl CreateResult {
         }
         reply.devices = kept;
         for path in cleared {
-            self.owners.clear_compound(&id, Field::Devices, &path, plugin);
+            owners::clear_compound(&mut self.own, Field::Devices, &path, plugin);
         }
-        let mods: BTreeSet<&String> = add.iter().map(|d| &d.path).collect();
+        let mods: Vec<&str> = add.iter().map(|d| d.path.as_str()).collect();
         self.ctr_linux()
             .devices
-            .retain(|d| !del.contains_key(&d.path) && !mods.contains(&d.path));
+            .retain(|d| !del.contains_key(&d.path) && !mods.contains(&d.path.as_str()));
         for d in &add {
-            self.owners.claim_compound(&id, Field::Devices, &d.path, plugin)?;
+            owners::claim_compound(&mut self.own, Field::Devices, &d.path, plugin)?;
             self.reply_linux().devices.push(d.clone());
         }
         // Fix of upstream: forward the removal so the runtime drops an
         // original device too.
         for (key, d) in &del {
             let reply = self.reply_linux();
-            if !mods.contains(key) && !reply.devices.iter().any(|x| x.path == d.path) {
+            if !mods.contains(&key.as_str()) && !reply.devices.iter().any(|x| x.path == d.path) {
                 reply.devices.push(d.clone());
             }
         }
@@ -406,35 +420,43 @@ impl CreateResult {
         if env.is_empty() {
             return Ok(());
         }
-        let id = self.id();
         let (del, add) = split_keyed(env, |e| &e.key);
-        let mut kept = Vec::new();
-        for e in std::mem::take(&mut self.reply.env) {
-            if del.contains_key(&e.key) {
-                self.owners.clear_compound(&id, Field::Env, &e.key, plugin);
-            } else {
-                kept.push(e);
-            }
+        if !del.is_empty() {
+            let own = &mut self.own;
+            self.reply.env.retain(|e| {
+                let removed = del.contains_key(&e.key);
+                if removed {
+                    owners::clear_compound(own, Field::Env, &e.key, plugin);
+                }
+                !removed
+            });
         }
-        self.reply.env = kept;
-        let mods: BTreeSet<&String> = add.iter().map(|e| &e.key).collect();
+        let mods: Vec<&str> = add.iter().map(|e| e.key.as_str()).collect();
         let ctr = self.request.container.mut_or_insert_default();
         ctr.env.retain(|e| {
             let k = env_key(e);
-            !del.contains_key(k) && !mods.contains(&k.to_string())
+            !del.contains_key(k) && !mods.contains(&k)
         });
         for e in &add {
-            self.owners.claim_compound(&id, Field::Env, &e.key, plugin)?;
-            self.reply.env.push(e.clone());
+            owners::claim_compound(&mut self.own, Field::Env, &e.key, plugin)?;
         }
         // Fix of upstream: forward the removal of an original variable.
-        for (key, e) in &del {
-            if !mods.contains(key) && !self.reply.env.iter().any(|x| x.key == e.key) {
-                self.reply.env.push(e.clone());
-            }
-        }
+        let markers: Vec<api::KeyValue> = del
+            .into_iter()
+            .filter(|(key, e)| !mods.contains(&key.as_str()) && !self.reply.env.iter().any(|x| x.key == e.key))
+            .map(|(_, e)| e)
+            .collect();
         let ctr = self.request.container.mut_or_insert_default();
-        ctr.env.extend(add.iter().map(|e| format!("{}={}", e.key, e.value)));
+        ctr.env.reserve(add.len());
+        for e in &add {
+            let mut kv = String::with_capacity(e.key.len() + 1 + e.value.len());
+            kv.push_str(&e.key);
+            kv.push('=');
+            kv.push_str(&e.value);
+            ctr.env.push(kv);
+        }
+        self.reply.env.extend(add);
+        self.reply.env.extend(markers);
         Ok(())
     }
 
@@ -442,20 +464,18 @@ impl CreateResult {
         if args.is_empty() {
             return Ok(());
         }
-        let id = self.id();
         if args[0].is_empty() {
             // A leading "" overrides whoever set the args before.
-            self.owners.clear_simple(&id, Field::Args, plugin);
+            owners::clear_simple(&mut self.own, Field::Args, plugin);
             args.remove(0);
         }
-        self.owners.claim_simple(&id, Field::Args, plugin)?;
+        owners::claim_simple(&mut self.own, Field::Args, plugin)?;
         self.request.container.mut_or_insert_default().args = args.clone();
         self.reply.args = args;
         Ok(())
     }
 
     fn hooks(&mut self, plugin: &str, h: api::Hooks) {
-        let id = self.id();
         let reply = self.reply.hooks.mut_or_insert_default();
         let ctr = self
             .request
@@ -483,12 +503,11 @@ impl CreateResult {
             }
         }
         if claim {
-            self.owners.accumulate(&id, Field::OciHooks, plugin);
+            owners::accumulate(&mut self.own, Field::OciHooks, plugin);
         }
     }
 
     fn resources(&mut self, plugin: &str, r: api::LinuxResources) -> Result<(), MergeError> {
-        let id = self.id();
         {
             let ctr_res = self
                 .request
@@ -505,28 +524,15 @@ impl CreateResult {
                 .resources
                 .mut_or_insert_default();
             if let Some(m) = r.memory.as_ref() {
-                merge_memory(&mut self.owners, &id, plugin, m, ctr_res.memory.mut_or_insert_default())?;
-                merge_memory(
-                    &mut Owners::new(),
-                    &id,
-                    plugin,
-                    m,
-                    reply_res.memory.mut_or_insert_default(),
-                )?;
+                merge_memory(Some(&mut self.own), plugin, m, ctr_res.memory.mut_or_insert_default())?;
+                merge_memory(None, plugin, m, reply_res.memory.mut_or_insert_default())?;
             }
             if let Some(c) = r.cpu.as_ref() {
-                merge_cpu(&mut self.owners, &id, plugin, c, ctr_res.cpu.mut_or_insert_default())?;
-                merge_cpu(
-                    &mut Owners::new(),
-                    &id,
-                    plugin,
-                    c,
-                    reply_res.cpu.mut_or_insert_default(),
-                )?;
+                merge_cpu(Some(&mut self.own), plugin, c, ctr_res.cpu.mut_or_insert_default())?;
+                merge_cpu(None, plugin, c, reply_res.cpu.mut_or_insert_default())?;
             }
             for l in &r.hugepage_limits {
-                self.owners
-                    .claim_compound(&id, Field::HugepageLimits, &l.page_size, plugin)?;
+                owners::claim_compound(&mut self.own, Field::HugepageLimits, &l.page_size, plugin)?;
                 ctr_res.hugepage_limits.push(l.clone());
                 reply_res.hugepage_limits.push(l.clone());
             }
@@ -534,22 +540,22 @@ impl CreateResult {
             ctr_res.devices.extend(r.devices.iter().cloned());
             reply_res.devices.extend(r.devices.iter().cloned());
             for (k, v) in sorted(&r.unified) {
-                self.owners.claim_compound(&id, Field::CgroupsUnified, k, plugin)?;
+                owners::claim_compound(&mut self.own, Field::CgroupsUnified, k, plugin)?;
                 ctr_res.unified.insert(k.clone(), v.clone());
                 reply_res.unified.insert(k.clone(), v.clone());
             }
             if let Some(v) = r.blockio_class.as_ref() {
-                self.owners.claim_simple(&id, Field::BlockioClass, plugin)?;
+                owners::claim_simple(&mut self.own, Field::BlockioClass, plugin)?;
                 ctr_res.blockio_class = MessageField::some(v.clone());
                 reply_res.blockio_class = MessageField::some(v.clone());
             }
             if let Some(v) = r.rdt_class.as_ref() {
-                self.owners.claim_simple(&id, Field::RdtClass, plugin)?;
+                owners::claim_simple(&mut self.own, Field::RdtClass, plugin)?;
                 ctr_res.rdt_class = MessageField::some(v.clone());
                 reply_res.rdt_class = MessageField::some(v.clone());
             }
             if let Some(v) = r.pids.as_ref() {
-                self.owners.claim_simple(&id, Field::PidsLimit, plugin)?;
+                owners::claim_simple(&mut self.own, Field::PidsLimit, plugin)?;
                 ctr_res.pids = MessageField::some(v.clone());
                 reply_res.pids = MessageField::some(v.clone());
             }
@@ -565,24 +571,23 @@ impl CreateResult {
         io: MessageField<api::LinuxIOPriority>,
         seccomp: MessageField<api::LinuxSeccomp>,
     ) -> Result<(), MergeError> {
-        let id = self.id();
         if !cgroups_path.is_empty() {
-            self.owners.claim_simple(&id, Field::CgroupsPath, plugin)?;
+            owners::claim_simple(&mut self.own, Field::CgroupsPath, plugin)?;
             self.ctr_linux().cgroups_path = cgroups_path.clone();
             self.reply_linux().cgroups_path = cgroups_path;
         }
         if let Some(v) = oom.into_option() {
-            self.owners.claim_simple(&id, Field::OomScoreAdj, plugin)?;
+            owners::claim_simple(&mut self.own, Field::OomScoreAdj, plugin)?;
             self.ctr_linux().oom_score_adj = MessageField::some(v.clone());
             self.reply_linux().oom_score_adj = MessageField::some(v);
         }
         if let Some(v) = io.into_option() {
-            self.owners.claim_simple(&id, Field::IoPriority, plugin)?;
+            owners::claim_simple(&mut self.own, Field::IoPriority, plugin)?;
             self.ctr_linux().io_priority = MessageField::some(v.clone());
             self.reply_linux().io_priority = MessageField::some(v);
         }
         if let Some(v) = seccomp.into_option() {
-            self.owners.claim_simple(&id, Field::SeccompPolicy, plugin)?;
+            owners::claim_simple(&mut self.own, Field::SeccompPolicy, plugin)?;
             self.ctr_linux().seccomp_policy = MessageField::some(v.clone());
             self.reply_linux().seccomp_policy = MessageField::some(v);
         }
@@ -590,14 +595,13 @@ impl CreateResult {
     }
 
     fn namespaces(&mut self, plugin: &str, nss: Vec<api::LinuxNamespace>) -> Result<(), MergeError> {
-        let id = self.id();
         for n in nss {
             let (key, removal) = match removal_key(&n.type_) {
                 Some(k) => (k.to_string(), true),
                 None => (n.type_.clone(), false),
             };
             // Removals claim too: a second plugin touching the type conflicts.
-            self.owners.claim_compound(&id, Field::Namespace, &key, plugin)?;
+            owners::claim_compound(&mut self.own, Field::Namespace, &key, plugin)?;
             let ctr = &mut self.ctr_linux().namespaces;
             if removal {
                 ctr.retain(|x| x.type_ != key);
@@ -612,10 +616,9 @@ impl CreateResult {
     }
 
     fn rdt(&mut self, plugin: &str, rdt: api::LinuxRdt) -> Result<(), MergeError> {
-        let id = self.id();
         if rdt.remove {
             for f in [Field::RdtClosID, Field::RdtSchemata, Field::RdtEnableMonitoring] {
-                self.owners.clear_simple(&id, f, plugin);
+                owners::clear_simple(&mut self.own, f, plugin);
             }
             self.reply_linux().rdt = MessageField::some(api::LinuxRdt {
                 remove: true,
@@ -623,19 +626,19 @@ impl CreateResult {
             });
         }
         if let Some(v) = rdt.clos_id.into_option() {
-            self.owners.claim_simple(&id, Field::RdtClosID, plugin)?;
+            owners::claim_simple(&mut self.own, Field::RdtClosID, plugin)?;
             let r = self.reply_linux().rdt.mut_or_insert_default();
             r.clos_id = MessageField::some(v);
             r.remove = false;
         }
         if let Some(v) = rdt.schemata.into_option() {
-            self.owners.claim_simple(&id, Field::RdtSchemata, plugin)?;
+            owners::claim_simple(&mut self.own, Field::RdtSchemata, plugin)?;
             let r = self.reply_linux().rdt.mut_or_insert_default();
             r.schemata = MessageField::some(v);
             r.remove = false;
         }
         if let Some(v) = rdt.enable_monitoring.into_option() {
-            self.owners.claim_simple(&id, Field::RdtEnableMonitoring, plugin)?;
+            owners::claim_simple(&mut self.own, Field::RdtEnableMonitoring, plugin)?;
             let r = self.reply_linux().rdt.mut_or_insert_default();
             r.enable_monitoring = MessageField::some(v);
             r.remove = false;
@@ -681,8 +684,7 @@ fn split_keyed<T>(items: Vec<T>, key: impl Fn(&T) -> &String) -> (BTreeMap<Strin
 }
 
 fn merge_memory(
-    owners: &mut Owners,
-    id: &str,
+    mut owners: Option<&mut api::FieldOwners>,
     plugin: &str,
     m: &api::LinuxMemory,
     target: &mut api::LinuxMemory,
@@ -690,7 +692,9 @@ fn merge_memory(
     macro_rules! field {
         ($f:ident, $owner:expr) => {
             if let Some(v) = m.$f.as_ref() {
-                owners.claim_simple(id, $owner, plugin)?;
+                if let Some(o) = owners.as_deref_mut() {
+                    owners::claim_simple(o, $owner, plugin)?;
+                }
                 target.$f = MessageField::some(v.clone());
             }
         };
@@ -707,8 +711,7 @@ fn merge_memory(
 }
 
 fn merge_cpu(
-    owners: &mut Owners,
-    id: &str,
+    mut owners: Option<&mut api::FieldOwners>,
     plugin: &str,
     c: &api::LinuxCPU,
     target: &mut api::LinuxCPU,
@@ -716,7 +719,9 @@ fn merge_cpu(
     macro_rules! field {
         ($f:ident, $owner:expr) => {
             if let Some(v) = c.$f.as_ref() {
-                owners.claim_simple(id, $owner, plugin)?;
+                if let Some(o) = owners.as_deref_mut() {
+                    owners::claim_simple(o, $owner, plugin)?;
+                }
                 target.$f = MessageField::some(v.clone());
             }
         };
@@ -727,11 +732,15 @@ fn merge_cpu(
     field!(realtime_runtime, Field::CPURealtimeRuntime);
     field!(realtime_period, Field::CPURealtimePeriod);
     if !c.cpus.is_empty() {
-        owners.claim_simple(id, Field::CPUSetCPUs, plugin)?;
+        if let Some(o) = owners.as_deref_mut() {
+            owners::claim_simple(o, Field::CPUSetCPUs, plugin)?;
+        }
         target.cpus = c.cpus.clone();
     }
     if !c.mems.is_empty() {
-        owners.claim_simple(id, Field::CPUSetMems, plugin)?;
+        if let Some(o) = owners.as_deref_mut() {
+            owners::claim_simple(o, Field::CPUSetMems, plugin)?;
+        }
         target.mems = c.mems.clone();
     }
     Ok(())
@@ -831,10 +840,20 @@ fn merge_update_resources(
     mut base: api::LinuxResources,
 ) -> Result<api::LinuxResources, MergeError> {
     if let Some(m) = u.memory.as_ref() {
-        merge_memory(owners, id, plugin, m, base.memory.mut_or_insert_default())?;
+        merge_memory(
+            Some(owners.field_owners_mut(id)),
+            plugin,
+            m,
+            base.memory.mut_or_insert_default(),
+        )?;
     }
     if let Some(c) = u.cpu.as_ref() {
-        merge_cpu(owners, id, plugin, c, base.cpu.mut_or_insert_default())?;
+        merge_cpu(
+            Some(owners.field_owners_mut(id)),
+            plugin,
+            c,
+            base.cpu.mut_or_insert_default(),
+        )?;
     }
     for l in &u.hugepage_limits {
         owners.claim_compound(id, Field::HugepageLimits, &l.page_size, plugin)?;

@@ -1,0 +1,53 @@
+//! `merge/in_process/N` and `merge/socket/N`: a fresh CreateContainerRequest
+//! through N plugins whose responses all merge (slot i of
+//! `nri_benches::slot_response`): in-process builtin plugins (dispatch and
+//! merge, no socket) and plugin processes over the socket.
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use nri_benches::{adaptation, bench_request, sibling_bin, spawn_plugins};
+
+fn merge(c: &mut Criterion) {
+    // A current-thread runtime, as the shim daemon uses: on these 2-core
+    // machines it halves the round trip of a multi-thread runtime.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bin = sibling_bin("nri-bench-plugin");
+    assert!(
+        bin.exists(),
+        "{} missing: cargo build --release -p nri-benches",
+        bin.display()
+    );
+    let mut group = c.benchmark_group("merge");
+    for n in [1usize, 2, 4, 8] {
+        let slots: Vec<Option<usize>> = (0..n).map(Some).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let nri = adaptation(dir.path(), &slots);
+        rt.block_on(nri.start()).unwrap();
+        group.bench_with_input(BenchmarkId::new("in_process", n), &n, |b, _| {
+            b.to_async(&rt)
+                .iter(|| async { nri.create_container(bench_request()).await.unwrap() })
+        });
+        rt.block_on(nri.stop());
+    }
+    for n in [1usize, 2, 4, 8] {
+        let slots: Vec<Option<usize>> = (0..n).map(Some).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let nri = adaptation(dir.path(), &[]);
+        let procs = rt.block_on(async {
+            nri.start().await.unwrap();
+            spawn_plugins(&bin, &nri, &dir.path().join("nri.sock"), &slots).await
+        });
+        group.bench_with_input(BenchmarkId::new("socket", n), &n, |b, _| {
+            b.to_async(&rt)
+                .iter(|| async { nri.create_container(bench_request()).await.unwrap() })
+        });
+        rt.block_on(nri.stop());
+        drop(procs);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, merge);
+criterion_main!(benches);
