@@ -738,7 +738,7 @@ fn merge_cpu(
         target.cpus = c.cpus.clone();
     }
     if !c.mems.is_empty() {
-        if let Some(o) = owners.as_deref_mut() {
+        if let Some(o) = owners {
             owners::claim_simple(o, Field::CPUSetMems, plugin)?;
         }
         target.mems = c.mems.clone();
