@@ -449,6 +449,14 @@ impl Adaptation {
         lock(&self.inner.run).running
     }
 
+    /// Whether a plugin that dialled the socket is connected (a runtime
+    /// may stay up for it).
+    pub fn has_external_plugins(&self) -> bool {
+        self.snapshot()
+            .iter()
+            .any(|p| matches!(p.origin, crate::plugin::PluginOrigin::External { .. }))
+    }
+
     /// `IDX-NAME` of the active plugins, in invocation order.
     pub fn plugin_names(&self) -> Vec<String> {
         self.snapshot().iter().map(|p| p.name().to_string()).collect()

@@ -1,0 +1,121 @@
+//! The command line containerd gives a v2 shim (Go `flag` syntax):
+//! `-namespace N -address A -publish-binary B -id ID [-bundle DIR] [-debug] ACTION`.
+
+use std::path::PathBuf;
+
+/// Parsed shim flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// containerd namespace of the task.
+    pub namespace: String,
+    /// containerd's gRPC socket (the shim daemon is keyed on it).
+    pub address: String,
+    /// The containerd binary (for `publish`; unused here).
+    pub publish_binary: String,
+    /// Task id.
+    pub id: String,
+    /// Bundle directory (given to `delete`; `start` runs in it).
+    pub bundle: Option<PathBuf>,
+    /// containerd runs at debug level.
+    pub debug: bool,
+    /// `-v`: print the version.
+    pub version: bool,
+    /// `start`, `delete`, or the internal `daemon`.
+    pub action: String,
+}
+
+/// Why the command line was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    /// A flag needs a value.
+    #[error("flag {0} needs a value")]
+    MissingValue(String),
+    /// A flag this shim does not know.
+    #[error("unknown flag {0}")]
+    UnknownFlag(String),
+    /// More than one positional argument.
+    #[error("unexpected argument {0:?}")]
+    Unexpected(String),
+}
+
+/// Parses `args` (without argv\[0\]). Flags take one or two dashes and
+/// `-flag value` or `-flag=value`; the first non-flag is the action.
+pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, ArgsError> {
+    let mut f = Flags::default();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let Some(flag) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
+            if f.action.is_empty() {
+                f.action = a;
+                continue;
+            }
+            return Err(ArgsError::Unexpected(a));
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n.to_string(), Some(v.to_string())),
+            None => (flag.to_string(), None),
+        };
+        match name.as_str() {
+            "debug" => f.debug = inline.as_deref() != Some("false"),
+            "v" | "version" => f.version = true,
+            "namespace" | "address" | "publish-binary" | "id" | "bundle" | "socket" => {
+                let value = match inline {
+                    Some(v) => v,
+                    None => it.next().ok_or_else(|| ArgsError::MissingValue(a.clone()))?,
+                };
+                match name.as_str() {
+                    "namespace" => f.namespace = value,
+                    "address" => f.address = value,
+                    "publish-binary" => f.publish_binary = value,
+                    "id" => f.id = value,
+                    "bundle" => f.bundle = Some(PathBuf::from(value)),
+                    _ => {} // -socket: the runc shim's; ignored
+                }
+            }
+            _ => return Err(ArgsError::UnknownFlag(a)),
+        }
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Flags, ArgsError> {
+        parse(s.split_whitespace().map(str::to_string))
+    }
+
+    #[test]
+    fn containerd_start_and_delete_lines() {
+        let f = p("-namespace default -address /t/c.sock -publish-binary /usr/bin/containerd -id nri1 -debug start")
+            .unwrap();
+        assert_eq!(
+            (
+                f.namespace.as_str(),
+                f.address.as_str(),
+                f.id.as_str(),
+                f.debug,
+                f.action.as_str()
+            ),
+            ("default", "/t/c.sock", "nri1", true, "start")
+        );
+        let f = p("-namespace k8s.io -address /a -publish-binary /b -id c1 -bundle /run/x/c1 delete").unwrap();
+        assert_eq!(f.bundle, Some(PathBuf::from("/run/x/c1")));
+        assert_eq!(f.action, "delete");
+        assert!(!f.debug);
+        let f = p("--namespace=ns --id=x daemon").unwrap();
+        assert_eq!(
+            (f.namespace.as_str(), f.id.as_str(), f.action.as_str()),
+            ("ns", "x", "daemon")
+        );
+    }
+
+    #[test]
+    fn bad_lines() {
+        assert_eq!(p("-id").unwrap_err(), ArgsError::MissingValue("-id".into()));
+        assert_eq!(p("-bogus start").unwrap_err(), ArgsError::UnknownFlag("-bogus".into()));
+        assert_eq!(p("start delete").unwrap_err(), ArgsError::Unexpected("delete".into()));
+        assert!(p("-v").unwrap().version);
+    }
+}

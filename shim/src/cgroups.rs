@@ -1,0 +1,188 @@
+//! A running container's cgroup: resource updates, statistics in
+//! containerd's format, freeze/thaw, member pids, OOM kills. Blocking file
+//! I/O: call from `spawn_blocking`.
+
+use std::path::{Path, PathBuf};
+
+use containerd_shim_protos::cgroups::metrics as m;
+use libcgroups::{
+    common::{AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt, FreezerState},
+    stats::Stats,
+};
+use oci_spec::runtime::LinuxResources;
+
+use crate::error::{Result, ShimError};
+
+/// The cgroup of one container.
+pub struct Cgroup {
+    path: PathBuf,
+    manager: AnyCgroupManager,
+}
+
+fn err(what: &str, path: &Path, e: impl std::fmt::Display) -> ShimError {
+    ShimError::Runtime(format!("cgroup {}: {what}: {e}", path.display()))
+}
+
+impl Cgroup {
+    /// The cgroup at `cgroups_path` (as in the OCI spec).
+    ///
+    /// # Errors
+    /// When the cgroup setup cannot be detected.
+    pub fn open(cgroups_path: &Path, id: &str) -> Result<Cgroup> {
+        let manager = libcgroups::common::create_cgroup_manager(CgroupConfig {
+            cgroup_path: cgroups_path.to_path_buf(),
+            systemd_cgroup: false,
+            container_name: id.to_string(),
+        })
+        .map_err(|e| err("open", cgroups_path, e))?;
+        Ok(Cgroup {
+            path: cgroups_path.to_path_buf(),
+            manager,
+        })
+    }
+
+    /// Applies `resources` (only what they set).
+    ///
+    /// # Errors
+    /// A controller refused a value.
+    pub fn update(&self, resources: &LinuxResources) -> Result<()> {
+        self.manager
+            .apply(&ControllerOpt {
+                resources,
+                disable_oom_killer: resources
+                    .memory()
+                    .as_ref()
+                    .and_then(|m| m.disable_oom_killer())
+                    .unwrap_or(false),
+                oom_score_adj: None,
+                freezer_state: None,
+            })
+            .map_err(|e| err("update", &self.path, e))
+    }
+
+    /// Freezes or thaws every process.
+    ///
+    /// # Errors
+    /// The freezer failed.
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        let state = if frozen {
+            FreezerState::Frozen
+        } else {
+            FreezerState::Thawed
+        };
+        self.manager.freeze(state).map_err(|e| err("freeze", &self.path, e))
+    }
+
+    /// Every pid in the cgroup.
+    ///
+    /// # Errors
+    /// The cgroup cannot be read.
+    pub fn pids(&self) -> Result<Vec<i32>> {
+        self.manager
+            .get_all_pids()
+            .map(|v| v.into_iter().map(|p| p.as_raw()).collect())
+            .map_err(|e| err("pids", &self.path, e))
+    }
+
+    /// Statistics in containerd's cgroups v1 `Metrics` format.
+    ///
+    /// # Errors
+    /// The cgroup cannot be read.
+    pub fn metrics(&self) -> Result<m::Metrics> {
+        let s = self.manager.stats().map_err(|e| err("stats", &self.path, e))?;
+        Ok(to_metrics(&s))
+    }
+
+    /// Number of OOM kills recorded by the memory controller (v1
+    /// `memory.oom_control`, v2 `memory.events`), when readable.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let rel = self.path.strip_prefix("/").unwrap_or(&self.path);
+        let candidates = [
+            (
+                Path::new("/sys/fs/cgroup/memory").join(rel).join("memory.oom_control"),
+                "oom_kill ",
+            ),
+            (Path::new("/sys/fs/cgroup").join(rel).join("memory.events"), "oom_kill "),
+        ];
+        candidates.iter().find_map(|(file, key)| {
+            let text = std::fs::read_to_string(file).ok()?;
+            text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        })
+    }
+}
+
+fn to_metrics(s: &Stats) -> m::Metrics {
+    let mut out = m::Metrics::new();
+    let cpu = out.cpu.mut_or_insert_default();
+    let usage = cpu.usage.mut_or_insert_default();
+    usage.total = s.cpu.usage.usage_total;
+    usage.kernel = s.cpu.usage.usage_kernel;
+    usage.user = s.cpu.usage.usage_user;
+    usage.per_cpu = s.cpu.usage.per_core_usage_total.clone();
+    let t = cpu.throttling.mut_or_insert_default();
+    t.periods = s.cpu.throttling.periods;
+    t.throttled_periods = s.cpu.throttling.throttled_periods;
+    t.throttled_time = s.cpu.throttling.throttled_time;
+    let pids = out.pids.mut_or_insert_default();
+    pids.current = s.pids.current;
+    pids.limit = s.pids.limit;
+    let mem = out.memory.mut_or_insert_default();
+    mem.cache = s.memory.cache;
+    let entry = |d: &libcgroups::stats::MemoryData| m::MemoryEntry {
+        limit: d.limit,
+        usage: d.usage,
+        max: d.max_usage,
+        failcnt: d.fail_count,
+        ..Default::default()
+    };
+    mem.usage = protobuf::MessageField::some(entry(&s.memory.memory));
+    mem.swap = protobuf::MessageField::some(entry(&s.memory.memswap));
+    mem.kernel = protobuf::MessageField::some(entry(&s.memory.kernel));
+    mem.kernel_tcp = protobuf::MessageField::some(entry(&s.memory.kernel_tcp));
+    let st = |k: &str| s.memory.stats.get(k).copied().unwrap_or(0);
+    mem.rss = st("rss");
+    mem.rss_huge = st("rss_huge");
+    mem.mapped_file = st("mapped_file");
+    mem.dirty = st("dirty");
+    mem.writeback = st("writeback");
+    mem.pg_fault = st("pgfault");
+    mem.pg_maj_fault = st("pgmajfault");
+    mem.inactive_anon = st("inactive_anon");
+    mem.active_anon = st("active_anon");
+    mem.inactive_file = st("inactive_file");
+    mem.active_file = st("active_file");
+    mem.unevictable = st("unevictable");
+    mem.total_cache = st("total_cache");
+    mem.total_rss = st("total_rss");
+    for (size, h) in &s.hugetlb {
+        out.hugetlb.push(m::HugetlbStat {
+            usage: h.usage,
+            max: h.max_usage,
+            failcnt: h.fail_count,
+            pagesize: size.clone(),
+            ..Default::default()
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_map_to_containerd_metrics() {
+        let mut s = Stats::default();
+        s.cpu.usage.usage_total = 10;
+        s.pids.current = 3;
+        s.memory.memory.usage = 4096;
+        s.memory.memory.limit = 8192;
+        s.memory.stats.insert("rss".into(), 77);
+        let mm = to_metrics(&s);
+        assert_eq!(mm.cpu.usage.total, 10);
+        assert_eq!(mm.pids.current, 3);
+        assert_eq!(mm.memory.usage.usage, 4096);
+        assert_eq!(mm.memory.usage.limit, 8192);
+        assert_eq!(mm.memory.rss, 77);
+    }
+}

@@ -1,0 +1,287 @@
+//! Shim configuration: a TOML file at `$NRI_SHIM_CONFIG`, else
+//! `/etc/nri-shim/config.toml` (missing file = defaults). The `[nri]` table
+//! uses containerd's NRI key names, so an operator can copy containerd's
+//! `[plugins."io.containerd.nri.v1.nri"]` settings over.
+//!
+//! ```toml
+//! [nri]
+//! disable = false
+//! socket_path = "/var/run/nri/nri.sock"
+//! plugin_path = "/opt/nri/plugins"
+//! plugin_config_path = "/etc/nri/conf.d"
+//! plugin_registration_timeout = "5s"
+//! plugin_request_timeout = "2s"
+//! disable_connections = false
+//!
+//! [nri.default_validator]
+//! enable = true
+//! required_plugins = ["image-policy"]
+//!
+//! [nri.failure_policy]        # per plugin (NAME or IDX-NAME): "ignore" or "fail"
+//! default = "ignore"
+//! "10-cpu-pinning" = "fail"
+//!
+//! [shim]
+//! state_root = "/run/nri-shim"  # daemon sockets and libcontainer state
+//! idle_timeout = "30s"          # daemon exits after this long with no containers
+//! log_level = "info"
+//! ```
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use nri_adaptation::{DefaultValidatorConfig, FailurePolicy, Options};
+use serde::{Deserialize, Deserializer};
+
+/// Default location of the configuration file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/nri-shim/config.toml";
+/// Environment variable naming another configuration file.
+pub const CONFIG_ENV: &str = "NRI_SHIM_CONFIG";
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but cannot be read.
+    #[error("cannot read shim config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not valid: the message names the key.
+    #[error("invalid shim config {path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        message: String,
+    },
+}
+
+/// A duration written as containerd writes them: `"5s"`, `"500ms"`, `"2m"`, `"1h"`.
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s)
+        .ok_or_else(|| serde::de::Error::custom(format!("invalid duration {s:?} (use e.g. \"2s\", \"500ms\")")))
+}
+
+/// Parses `"<number><unit>"` with unit `ms`, `s`, `m` or `h`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+/// The `[nri]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NriConfig {
+    /// Run without NRI at all.
+    pub disable: bool,
+    /// Socket for external plugins.
+    pub socket_path: PathBuf,
+    /// Directory of pre-installed plugins.
+    pub plugin_path: PathBuf,
+    /// Drop-in configuration of pre-installed plugins.
+    pub plugin_config_path: PathBuf,
+    /// Time a plugin has to register.
+    #[serde(deserialize_with = "duration")]
+    pub plugin_registration_timeout: Duration,
+    /// Time a plugin has to answer one request.
+    #[serde(deserialize_with = "duration")]
+    pub plugin_request_timeout: Duration,
+    /// No socket for external plugins.
+    pub disable_connections: bool,
+    /// The built-in default validator.
+    pub default_validator: DefaultValidatorConfig,
+    /// Failure policy per plugin; key `default` for all others.
+    pub failure_policy: HashMap<String, FailurePolicy>,
+}
+
+impl Default for NriConfig {
+    fn default() -> Self {
+        let o = Options::default();
+        NriConfig {
+            disable: false,
+            socket_path: o.socket_path,
+            plugin_path: o.plugin_path,
+            plugin_config_path: o.plugin_config_path,
+            plugin_registration_timeout: o.registration_timeout,
+            plugin_request_timeout: o.request_timeout,
+            disable_connections: false,
+            default_validator: DefaultValidatorConfig::default(),
+            failure_policy: HashMap::new(),
+        }
+    }
+}
+
+impl NriConfig {
+    /// The adaptation options this table describes.
+    pub fn options(&self) -> Options {
+        let mut policies = self.failure_policy.clone();
+        let default = policies.remove("default").unwrap_or_default();
+        Options {
+            socket_path: self.socket_path.clone(),
+            plugin_path: self.plugin_path.clone(),
+            plugin_config_path: self.plugin_config_path.clone(),
+            registration_timeout: self.plugin_registration_timeout,
+            request_timeout: self.plugin_request_timeout,
+            disable_connections: self.disable_connections,
+            default_failure_policy: default,
+            failure_policies: policies,
+            default_validator: self.default_validator.clone(),
+        }
+    }
+}
+
+/// The `[shim]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShimConfig {
+    /// Daemon sockets and libcontainer state live here.
+    pub state_root: PathBuf,
+    /// The daemon exits after this long with no containers and no
+    /// external plugins connected.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// `tracing` filter for the shim's log.
+    pub log_level: String,
+}
+
+impl Default for ShimConfig {
+    fn default() -> Self {
+        ShimConfig {
+            state_root: PathBuf::from("/run/nri-shim"),
+            idle_timeout: Duration::from_secs(30),
+            log_level: "info".into(),
+        }
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// NRI settings.
+    pub nri: NriConfig,
+    /// Shim settings.
+    pub shim: ShimConfig,
+}
+
+impl Config {
+    /// Parses TOML text; `path` is only used in errors.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the key at fault.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: e.to_string().replace('\n', " "),
+        })
+    }
+
+    /// Loads `$NRI_SHIM_CONFIG`, else `/etc/nri-shim/config.toml`; a missing
+    /// default file means defaults, a missing file named by the variable is
+    /// an error.
+    ///
+    /// # Errors
+    /// [`ConfigError`].
+    pub fn load() -> Result<Config, ConfigError> {
+        match std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty()) {
+            Some(p) => Self::load_file(Path::new(&p), true),
+            None => Self::load_file(Path::new(DEFAULT_CONFIG_PATH), false),
+        }
+    }
+
+    /// Loads one file.
+    ///
+    /// # Errors
+    /// [`ConfigError`]; a missing file is one only when `required`.
+    pub fn load_file(path: &Path, required: bool) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Config::default()),
+            Err(source) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_file_parses() {
+        let c = Config::parse(
+            r#"
+            [nri]
+            socket_path = "/tmp/nri.sock"
+            plugin_registration_timeout = "500ms"
+            plugin_request_timeout = "3s"
+            disable_connections = true
+            [nri.default_validator]
+            enable = true
+            required_plugins = ["a"]
+            [nri.failure_policy]
+            default = "fail"
+            "10-b" = "ignore"
+            [shim]
+            idle_timeout = "2m"
+            state_root = "/tmp/s"
+            "#,
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        let o = c.nri.options();
+        assert_eq!(o.socket_path, PathBuf::from("/tmp/nri.sock"));
+        assert_eq!(o.registration_timeout, Duration::from_millis(500));
+        assert_eq!(o.request_timeout, Duration::from_secs(3));
+        assert!(o.disable_connections && o.default_validator.enable);
+        assert_eq!(o.failure_policy("20", "x"), FailurePolicy::Fail);
+        assert_eq!(o.failure_policy("10", "b"), FailurePolicy::Ignore);
+        assert_eq!(c.shim.idle_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn defaults_without_file() {
+        let c = Config::load_file(Path::new("/nonexistent/nri-shim.toml"), false).unwrap();
+        assert_eq!(c.nri.socket_path, PathBuf::from("/var/run/nri/nri.sock"));
+        assert!(Config::load_file(Path::new("/nonexistent/nri-shim.toml"), true).is_err());
+    }
+
+    #[test]
+    fn invalid_file_names_the_key() {
+        let e = Config::parse("[nri]\nsocket_pth = \"/x\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("socket_pth"), "{e}");
+        let e = Config::parse("[nri]\nplugin_request_timeout = \"soon\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("plugin_request_timeout"), "{e}");
+        let e = Config::parse("[nri.failure_policy]\n\"10-a\" = \"maybe\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("maybe"), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("5"), None);
+        assert_eq!(parse_duration("5d"), None);
+    }
+}

@@ -1,0 +1,115 @@
+//! Shim errors and their ttrpc status codes.
+//!
+//! containerd acts on the code, not the text: a kill of an exited task must
+//! be `NotFound` for CRI's stop path to proceed (containerd #6665), a
+//! repeated create `AlreadyExists`, an illegal transition
+//! `FailedPrecondition`. `Unknown` ("Others") is only for the unexpected.
+
+use ttrpc::Code;
+
+/// What went wrong serving a task request.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    /// No such task, process, or the process already exited.
+    #[error("{0}")]
+    NotFound(String),
+    /// A task or exec with that id exists.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The request is malformed (bad spec, bad stdio URI, ...).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The request is not allowed in the task's current state.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The feature is not implemented by this shim.
+    #[error("{0}")]
+    Unimplemented(String),
+    /// NRI plugins refused the container (conflict, rejection, plugin error).
+    #[error("NRI: {0}")]
+    Nri(#[from] nri_adaptation::Error),
+    /// The adjusted spec could not be applied.
+    #[error("NRI adjustment: {0}")]
+    Adjust(#[from] nri_adaptation::AdjustError),
+    /// Running the container failed.
+    #[error("runtime: {0}")]
+    Runtime(String),
+    /// I/O on the bundle, fifos or sockets failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl ShimError {
+    /// An [`ShimError::Io`] with context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        ShimError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The ttrpc status code containerd sees.
+    pub fn code(&self) -> Code {
+        match self {
+            ShimError::NotFound(_) => Code::NOT_FOUND,
+            ShimError::AlreadyExists(_) => Code::ALREADY_EXISTS,
+            ShimError::InvalidArgument(_) | ShimError::Adjust(_) => Code::INVALID_ARGUMENT,
+            ShimError::FailedPrecondition(_) | ShimError::Nri(_) => Code::FAILED_PRECONDITION,
+            ShimError::Unimplemented(_) => Code::UNIMPLEMENTED,
+            ShimError::Runtime(_) | ShimError::Io { .. } => Code::UNKNOWN,
+        }
+    }
+}
+
+impl From<ShimError> for ttrpc::Error {
+    fn from(e: ShimError) -> Self {
+        ttrpc::Error::RpcStatus(ttrpc::get_status(e.code(), e.to_string()))
+    }
+}
+
+/// Result of task operations.
+pub type Result<T> = std::result::Result<T, ShimError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_maps_to_its_code() {
+        let cases: Vec<(ShimError, Code)> = vec![
+            (ShimError::NotFound("x".into()), Code::NOT_FOUND),
+            (ShimError::AlreadyExists("x".into()), Code::ALREADY_EXISTS),
+            (ShimError::InvalidArgument("x".into()), Code::INVALID_ARGUMENT),
+            (ShimError::FailedPrecondition("x".into()), Code::FAILED_PRECONDITION),
+            (ShimError::Unimplemented("x".into()), Code::UNIMPLEMENTED),
+            (
+                ShimError::Nri(nri_adaptation::Error::NotRunning),
+                Code::FAILED_PRECONDITION,
+            ),
+            (
+                ShimError::Adjust(nri_adaptation::AdjustError::Unsupported {
+                    field: "f".into(),
+                    reason: "r".into(),
+                }),
+                Code::INVALID_ARGUMENT,
+            ),
+            (ShimError::Runtime("x".into()), Code::UNKNOWN),
+            (ShimError::io("ctx", std::io::ErrorKind::Other.into()), Code::UNKNOWN),
+        ];
+        for (e, code) in cases {
+            let text = e.to_string();
+            match ttrpc::Error::from(e) {
+                ttrpc::Error::RpcStatus(s) => {
+                    assert_eq!(s.code(), code, "{text}");
+                    assert_eq!(s.message(), text);
+                }
+                other => panic!("not a status: {other:?}"),
+            }
+        }
+    }
+}

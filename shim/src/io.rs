@@ -1,0 +1,369 @@
+//! A process's stdio as containerd hands it over: fifo paths (`ctr`, CRI),
+//! `file://` paths, or a terminal.
+//!
+//! Output fifos are given to the container directly (opened read-write so
+//! opening never blocks and the container never gets SIGPIPE while the
+//! client reconnects). Stdin goes through a pipe fed from the fifo, so
+//! CloseIO can close it. With a terminal, libcontainer sends the pty master
+//! over a console socket; two threads copy between it and the fifos.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{self, Read, Write},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::{FileTypeExt, OpenOptionsExt},
+    },
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use crate::error::{Result, ShimError};
+
+/// The stdio a client asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StdioSpec {
+    /// Stdin path ("" = none).
+    pub stdin: String,
+    /// Stdout path ("" = none).
+    pub stdout: String,
+    /// Stderr path ("" = none).
+    pub stderr: String,
+    /// Allocate a terminal.
+    pub terminal: bool,
+}
+
+fn dev_null(write: bool) -> Result<OwnedFd> {
+    OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| ShimError::io("open /dev/null", e))
+}
+
+fn clear_nonblock(fd: &OwnedFd) -> io::Result<()> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = OFlag::from_bits_truncate(fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)?);
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags & !OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+fn path_of(uri: &str) -> Result<PathBuf> {
+    if let Some(p) = uri.strip_prefix("file://") {
+        return Ok(PathBuf::from(p));
+    }
+    if uri.starts_with("binary://") {
+        return Err(ShimError::InvalidArgument(format!(
+            "stdio {uri:?}: binary logging is not supported by nri-shim"
+        )));
+    }
+    if let Some((scheme, _)) = uri.split_once("://") {
+        return Err(ShimError::InvalidArgument(format!(
+            "stdio {uri:?}: unsupported scheme {scheme:?}"
+        )));
+    }
+    Ok(PathBuf::from(uri))
+}
+
+/// Opens an output path for the container: a fifo read-write (never
+/// blocks), anything else appended to (created if missing).
+fn open_output(uri: &str) -> Result<OwnedFd> {
+    if uri.is_empty() {
+        return dev_null(true);
+    }
+    let path = path_of(uri)?;
+    let is_fifo = std::fs::metadata(&path)
+        .map(|m| m.file_type().is_fifo())
+        .unwrap_or(false);
+    let file = if is_fifo {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+    } else {
+        OpenOptions::new().append(true).create(true).open(&path)
+    }
+    .map_err(|e| ShimError::io(format!("open stdio {}", path.display()), e))?;
+    let fd = OwnedFd::from(file);
+    clear_nonblock(&fd).map_err(|e| ShimError::io("stdio flags", e))?;
+    Ok(fd)
+}
+
+fn open_input(uri: &str) -> Result<File> {
+    let path = path_of(uri)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true) // a fifo opened read-write never blocks nor reads EOF early
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| ShimError::io(format!("open stdin {}", path.display()), e))?;
+    let fd = OwnedFd::from(file);
+    clear_nonblock(&fd).map_err(|e| ShimError::io("stdin flags", e))?;
+    Ok(File::from(fd))
+}
+
+/// Stdio prepared for one process.
+pub struct ProcessIo {
+    /// stdin, stdout, stderr for the helper to hand to the process.
+    pub container_fds: Option<[OwnedFd; 3]>,
+    /// The console socket libcontainer sends the pty master to.
+    pub console_socket: Option<PathBuf>,
+    console_listener: Option<std::os::unix::net::UnixListener>,
+    spec: StdioSpec,
+    /// Write end of the stdin pipe (closed by CloseIO).
+    stdin_writer: Arc<Mutex<Option<File>>>,
+    master: Option<Arc<File>>,
+    copiers: Vec<JoinHandle<()>>,
+}
+
+impl ProcessIo {
+    /// Opens what `spec` names. With a terminal, a console socket is bound
+    /// at `console_path`.
+    ///
+    /// # Errors
+    /// [`ShimError::InvalidArgument`] for unsupported URIs, I/O errors
+    /// naming the path.
+    pub fn prepare(spec: &StdioSpec, console_path: &Path) -> Result<ProcessIo> {
+        let mut io = ProcessIo {
+            container_fds: None,
+            console_socket: None,
+            console_listener: None,
+            spec: spec.clone(),
+            stdin_writer: Arc::new(Mutex::new(None)),
+            master: None,
+            copiers: Vec::new(),
+        };
+        if spec.terminal {
+            let _ = std::fs::remove_file(console_path);
+            let l = std::os::unix::net::UnixListener::bind(console_path)
+                .map_err(|e| ShimError::io(format!("bind console socket {}", console_path.display()), e))?;
+            io.console_listener = Some(l);
+            io.console_socket = Some(console_path.to_path_buf());
+            io.container_fds = Some([dev_null(false)?, dev_null(true)?, dev_null(true)?]);
+            return Ok(io);
+        }
+        let stdin = if spec.stdin.is_empty() {
+            dev_null(false)?
+        } else {
+            let source = open_input(&spec.stdin)?;
+            let (r, w) = nix::unistd::pipe().map_err(|e| ShimError::io("stdin pipe", e.into()))?;
+            let writer = File::from(w);
+            *io.stdin_writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(writer);
+            let shared = io.stdin_writer.clone();
+            io.copiers.push(std::thread::spawn(move || copy_stdin(source, shared)));
+            r
+        };
+        io.container_fds = Some([stdin, open_output(&spec.stdout)?, open_output(&spec.stderr)?]);
+        Ok(io)
+    }
+
+    /// Takes the fds for the helper.
+    pub fn take_fds(&mut self) -> Result<[OwnedFd; 3]> {
+        self.container_fds
+            .take()
+            .ok_or_else(|| ShimError::Runtime("process stdio already handed over".into()))
+    }
+
+    /// After create/exec: receives the pty master (terminal only) and
+    /// starts copying between it and the fifos.
+    ///
+    /// # Errors
+    /// When libcontainer did not send a master.
+    pub fn attach_console(&mut self) -> Result<()> {
+        let Some(listener) = self.console_listener.take() else {
+            return Ok(());
+        };
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| ShimError::io("console socket", e))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let stream = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(ShimError::io("accept console socket", e)),
+            }
+        };
+        stream
+            .set_nonblocking(false)
+            .map_err(|e| ShimError::io("console socket", e))?;
+        let master = Arc::new(File::from(recv_fd(&stream)?));
+        if let Some(p) = self.console_socket.take() {
+            let _ = std::fs::remove_file(p);
+        }
+        if !self.spec.stdin.is_empty() {
+            let source = open_input(&self.spec.stdin)?;
+            let m = master.clone();
+            self.copiers.push(std::thread::spawn(move || {
+                let mut src = source;
+                let _ = io::copy(&mut src, &mut &*m);
+            }));
+        }
+        let out = open_output(&self.spec.stdout)?;
+        let m = master.clone();
+        self.copiers.push(std::thread::spawn(move || {
+            let mut dst = File::from(out);
+            let mut buf = [0u8; 32 << 10];
+            loop {
+                match (&*m).read(&mut buf) {
+                    // EIO: the slave side is gone (the process exited).
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if dst.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }));
+        self.master = Some(master);
+        Ok(())
+    }
+
+    /// Closes the process's stdin (CloseIO).
+    pub fn close_stdin(&self) {
+        self.stdin_writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Resizes the terminal.
+    ///
+    /// # Errors
+    /// [`ShimError::NotFound`] without a terminal, the ioctl error.
+    pub fn resize(&self, width: u32, height: u32) -> Result<()> {
+        let master = self
+            .master
+            .as_ref()
+            .ok_or_else(|| ShimError::NotFound("process has no terminal".into()))?;
+        let ws = libc::winsize {
+            ws_row: height as u16,
+            ws_col: width as u16,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ with a valid winsize on our master fd.
+        let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        if rc < 0 {
+            return Err(ShimError::io("resize terminal", io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) until the terminal output has been copied out, so an
+    /// exit event does not overtake the last output.
+    pub fn drain(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        // Only the terminal's output copier ends on its own (EIO); stdin
+        // copiers live until CloseIO, so they are detached.
+        if self.master.is_some()
+            && let Some(out) = self.copiers.pop()
+        {
+            while !out.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.close_stdin();
+    }
+}
+
+impl Drop for ProcessIo {
+    fn drop(&mut self) {
+        if let Some(p) = self.console_socket.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn copy_stdin(mut source: File, writer: Arc<Mutex<Option<File>>>) {
+    let mut buf = [0u8; 32 << 10];
+    loop {
+        let n = match source.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut guard = writer.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_mut() {
+            Some(w) => {
+                if w.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            None => break, // closed by CloseIO
+        }
+    }
+    writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+}
+
+fn recv_fd(stream: &std::os::unix::net::UnixStream) -> Result<OwnedFd> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut data = [0u8; 4096];
+    let mut iov = [io::IoSliceMut::new(&mut data)];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        stream.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| ShimError::io("receive pty master", e.into()))?;
+    for c in msg.cmsgs().map_err(|e| ShimError::io("receive pty master", e.into()))? {
+        if let ControlMessageOwned::ScmRights(fds) = c
+            && let Some(fd) = fds.first()
+        {
+            // SAFETY: SCM_RIGHTS delivered a new fd to this process.
+            return Ok(unsafe { OwnedFd::from_raw_fd(*fd) });
+        }
+    }
+    Err(ShimError::Runtime("console socket: no pty master received".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris() {
+        assert_eq!(path_of("/a/b").unwrap(), PathBuf::from("/a/b"));
+        assert_eq!(path_of("file:///a/b").unwrap(), PathBuf::from("/a/b"));
+        assert!(matches!(path_of("binary:///x"), Err(ShimError::InvalidArgument(_))));
+        assert!(matches!(path_of("tcp://x"), Err(ShimError::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn fifo_output_and_piped_stdin() {
+        let d = tempfile::tempdir().unwrap();
+        let (o, i) = (d.path().join("out"), d.path().join("in"));
+        nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let spec = StdioSpec {
+            stdin: i.to_string_lossy().into(),
+            stdout: o.to_string_lossy().into(),
+            stderr: String::new(),
+            terminal: false,
+        };
+        let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
+        let [stdin, stdout, _stderr] = io.take_fds().unwrap();
+        // Something written into the stdin fifo reaches the container's stdin.
+        let mut client_in = OpenOptions::new().write(true).open(&i).unwrap();
+        client_in.write_all(b"hello").unwrap();
+        let mut got = [0u8; 5];
+        File::from(stdin).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello");
+        // The container's stdout reaches the fifo's reader.
+        let mut reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&o)
+            .unwrap();
+        File::from(stdout).write_all(b"out").unwrap();
+        let mut got = [0u8; 3];
+        reader.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"out");
+        io.close_stdin();
+    }
+}

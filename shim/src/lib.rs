@@ -1,0 +1,71 @@
+//! # nri-shim
+//!
+//! A containerd shim v2 (`runtime_type = "io.containerd.nri-shim.v2"`,
+//! binary `containerd-shim-nri-shim-v2`) that passes every container
+//! through the node's NRI plugins and runs it with youki's libcontainer.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`daemon`] | `start` / `delete` actions, the per-node daemon |
+//! | [`task`] | the containerd Task ttrpc service (v2 and v3 names) |
+//! | [`service`] | the task lifecycle, NRI event mapping, events in order |
+//! | [`helper`] | libcontainer in a single-threaded helper process |
+//! | [`monitor`] | exact exit statuses through pidfds |
+//! | [`nri`] | pods and containers from bundle annotations; the NRI seam |
+//! | [`io`] | stdio fifos, files and terminals |
+//! | [`cgroups`] | updates, stats, freeze, pids |
+//! | [`config`] | `/etc/nri-shim/config.toml` |
+//! | [`events`] | ordered publishing to containerd |
+
+#![warn(missing_docs)]
+
+pub mod args;
+pub mod cgroups;
+pub mod config;
+pub mod daemon;
+pub mod error;
+pub mod events;
+pub mod helper;
+pub mod io;
+pub mod monitor;
+pub mod nri;
+pub mod service;
+pub mod task;
+
+/// The binary's entry point: dispatches on the action before any thread
+/// exists (the helper and `delete` may run libcontainer in this process).
+pub fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(helper::HELPER_ARG) {
+        helper::helper_main();
+    }
+    let flags = match args::parse(argv.into_iter().skip(1)) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("containerd-shim-nri-shim-v2: {e}");
+            std::process::exit(2);
+        }
+    };
+    if flags.version {
+        println!("containerd-shim-nri-shim-v2 {}", env!("CARGO_PKG_VERSION"));
+        return;
+    }
+    let config = match config::Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("containerd-shim-nri-shim-v2: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = match flags.action.as_str() {
+        "start" => daemon::start_action(&flags, &config),
+        "delete" => daemon::delete_action(&flags, &config),
+        "daemon" => daemon::daemon_main(&flags, config),
+        "" => Err(anyhow::anyhow!("no action given (start, delete)")),
+        other => Err(anyhow::anyhow!("unknown action {other:?} (start, delete)")),
+    };
+    if let Err(e) = result {
+        eprintln!("containerd-shim-nri-shim-v2 {}: {e:#}", flags.action);
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,466 @@
+//! The task lifecycle on real libcontainer containers (root, busybox from
+//! Debian's busybox-static), driven through `Service` with an in-memory
+//! event sink and a real NRI adaptation with an in-process recording plugin.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use containerd_shim_protos::api as task_api;
+use nri_adaptation::{Adaptation, api};
+use nri_shim::{
+    events::{MemorySink, topics},
+    service::{EXIT_STATUS_FILE, Service},
+};
+use nri_stub::{BoxError, EventMask, Plugin};
+
+const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-nri-shim-v2");
+
+/// A busybox rootfs shared by the tests of this file.
+fn rootfs() -> &'static Path {
+    static ROOTFS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOTFS.get_or_init(|| {
+        let busybox = Path::new("/bin/busybox");
+        assert!(busybox.exists(), "/bin/busybox missing: apt-get install busybox-static");
+        let dir = std::env::temp_dir().join(format!("nri-shim-rootfs-{}", std::process::id()));
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for d in ["proc", "dev", "sys", "tmp", "etc", "root"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::copy(busybox, bin.join("busybox")).unwrap();
+        let list = std::process::Command::new(busybox).arg("--list").output().unwrap();
+        for applet in String::from_utf8_lossy(&list.stdout).lines() {
+            if applet != "busybox" {
+                let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
+            }
+        }
+        dir
+    })
+}
+
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<String>>,
+    fail_first_create_of: Mutex<Option<String>>,
+}
+
+impl Recorder {
+    fn log(&self, e: &str, c: &api::Container) {
+        self.events.lock().unwrap().push(format!("{e} {}", c.name));
+    }
+    fn events_of(&self, name: &str) -> Vec<String> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.ends_with(&format!(" {name}")))
+            .map(|e| e.split(' ').next().unwrap().to_string())
+            .collect()
+    }
+}
+
+struct RecorderPlugin(Arc<Recorder>);
+
+#[nri_stub::async_trait]
+impl Plugin for RecorderPlugin {
+    async fn create_container(
+        &self,
+        _p: &api::PodSandbox,
+        c: &api::Container,
+    ) -> Result<api::CreateContainerResponse, BoxError> {
+        self.0.log("CreateContainer", c);
+        let mut fail = self.0.fail_first_create_of.lock().unwrap();
+        if fail.as_deref() == Some(c.name.as_str()) {
+            *fail = None;
+            return Err("refused once".into());
+        }
+        let mut rsp = api::CreateContainerResponse::new();
+        rsp.adjust.mut_or_insert_default().env.push(api::KeyValue {
+            key: "NRI".into(),
+            value: "yes".into(),
+            ..Default::default()
+        });
+        Ok(rsp)
+    }
+    async fn post_create_container(&self, _p: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
+        self.0.log("PostCreateContainer", c);
+        Ok(())
+    }
+    async fn start_container(&self, _p: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
+        self.0.log("StartContainer", c);
+        Ok(())
+    }
+    async fn post_start_container(&self, _p: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
+        self.0.log("PostStartContainer", c);
+        Ok(())
+    }
+    async fn stop_container(
+        &self,
+        _p: &api::PodSandbox,
+        c: &api::Container,
+    ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
+        self.0.log("StopContainer", c);
+        Ok(Vec::new())
+    }
+    async fn remove_container(&self, _p: &api::PodSandbox, c: &api::Container) -> Result<(), BoxError> {
+        self.0.log("RemoveContainer", c);
+        Ok(())
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    service: Service,
+    sink: Arc<MemorySink>,
+    recorder: Arc<Recorder>,
+    nri: Adaptation,
+}
+
+impl Fixture {
+    async fn new() -> Fixture {
+        // As the daemon: container processes re-parent to us when helpers exit.
+        nri_shim::monitor::set_subreaper().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sink = Arc::new(MemorySink::default());
+        let service = Service::new(SHIM.into(), dir.path().join("state"), sink.clone());
+        let recorder = Arc::new(Recorder::default());
+        let s = service.downgrade();
+        let nri = Adaptation::builder("shim-test", "0")
+            .with_sync_fn(move || {
+                let s = s.clone();
+                async move { Ok(s.upgrade().map(|s| s.nri_state()).unwrap_or_default()) }
+            })
+            .with_update_fn(|u| async move { Ok(u) })
+            .with_disabled_connections()
+            .with_plugin_path(dir.path().join("no-plugins"))
+            .with_builtin_plugin(
+                "10",
+                "recorder",
+                EventMask::CONTAINER,
+                Arc::new(RecorderPlugin(recorder.clone())),
+            )
+            .build()
+            .unwrap();
+        nri.start().await.unwrap();
+        service.set_nri(Arc::new(nri.clone()));
+        Fixture {
+            dir,
+            service,
+            sink,
+            recorder,
+            nri,
+        }
+    }
+
+    /// A bundle running `args` in busybox, own pid namespace, cgroup
+    /// `/nri-shim-test/<unique>`.
+    fn bundle(&self, id: &str, args: &[&str]) -> PathBuf {
+        self.bundle_ns(id, args, &["pid", "ipc", "uts", "mount"])
+    }
+
+    fn bundle_ns(&self, id: &str, args: &[&str], namespaces: &[&str]) -> PathBuf {
+        let b = self.dir.path().join("bundles").join(id);
+        std::fs::create_dir_all(&b).unwrap();
+        let cgroup = format!("/nri-shim-test/{}-{id}", std::process::id());
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"user": {"uid": 0, "gid": 0}, "args": args, "cwd": "/",
+                        "env": ["PATH=/bin"], "noNewPrivileges": true},
+            "root": {"path": rootfs()},
+            "hostname": id,
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]}
+            ],
+            "linux": {
+                "cgroupsPath": cgroup,
+                "namespaces": namespaces.iter().map(|n| serde_json::json!({"type": n})).collect::<Vec<_>>(),
+                "resources": {"devices": [{"allow": false, "access": "rwm"}]}
+            }
+        });
+        std::fs::write(b.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+        b
+    }
+
+    async fn create(&self, id: &str, args: &[&str]) -> Result<u32, nri_shim::error::ShimError> {
+        let bundle = self.bundle(id, args);
+        self.service
+            .create(
+                "test",
+                task_api::CreateTaskRequest {
+                    id: id.into(),
+                    bundle: bundle.to_string_lossy().into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(|r| r.pid)
+    }
+
+    async fn run(&self, id: &str, args: &[&str]) -> u32 {
+        self.create(id, args).await.unwrap();
+        self.service.start("test", id, "").await.unwrap();
+        self.service.wait("test", id, "").await.unwrap().exit_status
+    }
+
+    fn state_dir(&self, id: &str) -> PathBuf {
+        self.dir.path().join("state/containers").join(id)
+    }
+}
+
+fn cgroup_exists(id: &str) -> bool {
+    Path::new(&format!(
+        "/sys/fs/cgroup/memory/nri-shim-test/{}-{id}",
+        std::process::id()
+    ))
+    .exists()
+        || Path::new(&format!(
+            "/sys/fs/cgroup/pids/nri-shim-test/{}-{id}",
+            std::process::id()
+        ))
+        .exists()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn r26_exit_status_fidelity() {
+    let f = Fixture::new().await;
+    assert_eq!(f.run("x42", &["/bin/sh", "-c", "exit 42"]).await, 42);
+    assert_eq!(f.run("xtrue", &["/bin/true"]).await, 0);
+    // Not a pid namespace's init (which ignores signals it has no handler for).
+    let bundle = f.bundle_ns(
+        "xterm",
+        &["/bin/sh", "-c", "kill -TERM $$; sleep 5"],
+        &["ipc", "uts", "mount"],
+    );
+    f.service
+        .create(
+            "test",
+            task_api::CreateTaskRequest {
+                id: "xterm".into(),
+                bundle: bundle.to_string_lossy().into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    f.service.start("test", "xterm", "").await.unwrap();
+    assert_eq!(f.service.wait("test", "xterm", "").await.unwrap().exit_status, 143);
+    // Persisted for `delete` after a shim crash.
+    let status = std::fs::read_to_string(f.dir.path().join("bundles/x42").join(EXIT_STATUS_FILE)).unwrap();
+    assert_eq!(status.trim(), "42");
+    for id in ["x42", "xtrue", "xterm"] {
+        let d = f.service.delete("test", id, "").await.unwrap();
+        assert!(!f.state_dir(id).exists(), "{id}: libcontainer state left");
+        assert!(!cgroup_exists(id), "{id}: cgroup left");
+        let _ = d;
+    }
+    assert_eq!(
+        f.service.delete("test", "x42", "").await.unwrap_err().code(),
+        ttrpc::Code::NOT_FOUND
+    );
+    f.nri.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn r22_self_exiting_container_gets_every_event_once() {
+    let f = Fixture::new().await;
+    assert_eq!(f.run("c1", &["/bin/sh", "-c", "exit 3"]).await, 3);
+    // StopContainer arrives without any kill.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f.recorder.events_of("c1").contains(&"StopContainer".to_string()) {
+        assert!(
+            Instant::now() < deadline,
+            "no StopContainer: {:?}",
+            f.recorder.events_of("c1")
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f.service.delete("test", "c1", "").await.unwrap();
+    assert_eq!(
+        f.recorder.events_of("c1"),
+        [
+            "CreateContainer",
+            "PostCreateContainer",
+            "StartContainer",
+            "PostStartContainer",
+            "StopContainer",
+            "RemoveContainer"
+        ]
+    );
+    // The plugin's adjustment was applied to the container that ran.
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.path().join("bundles/c1/config.json")).unwrap()).unwrap();
+    assert!(
+        spec["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == "NRI=yes")
+    );
+    // Restart in the same pod: a fresh CreateContainer after the old Stop.
+    assert_eq!(f.run("c1", &["/bin/true"]).await, 0);
+    f.service.delete("test", "c1", "").await.unwrap();
+    let evs = f.recorder.events_of("c1");
+    assert_eq!(evs.iter().filter(|e| *e == "StopContainer").count(), 2);
+    assert_eq!(evs[6], "CreateContainer");
+    f.nri.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn r23_kill_after_exit_is_not_found() {
+    let f = Fixture::new().await;
+    f.create("t1", &["/bin/sh", "-c", "sleep 0.1"]).await.unwrap();
+    f.service.start("test", "t1", "").await.unwrap();
+    f.service.wait("test", "t1", "").await.unwrap();
+    assert!(f.sink.wait_topic(topics::EXIT).await);
+    for all in [false, true] {
+        let e = f
+            .service
+            .kill("test", "t1", "", libc::SIGKILL as u32, all)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ttrpc::Code::NOT_FOUND, "all={all}: {e}");
+    }
+    assert_eq!(f.sink.exits().len(), 1, "no second exit event");
+    let d = f.service.delete("test", "t1", "").await.unwrap();
+    assert_eq!(d.exit_status, 0);
+    f.nri.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn r24_exit_never_overtakes_start_and_exec_exits_come_first() {
+    let f = Fixture::new().await;
+    // (a) a process that exits at once.
+    assert_eq!(f.run("fast", &["/bin/true"]).await, 0);
+    assert!(f.sink.wait_topic(topics::EXIT).await);
+    let topics_seen = f.sink.topics();
+    let start = topics_seen.iter().position(|t| *t == topics::START).unwrap();
+    let exit = topics_seen.iter().position(|t| *t == topics::EXIT).unwrap();
+    assert!(start < exit, "{topics_seen:?}");
+    // (b) an exec started while the init is about to exit.
+    f.create("short", &["/bin/usleep", "400000"]).await.unwrap();
+    f.service.start("test", "short", "").await.unwrap();
+    let exec = |id: &str| {
+        task_api::ExecProcessRequest {
+        id: "short".into(),
+        exec_id: id.into(),
+        spec: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+            value: serde_json::to_vec(&serde_json::json!({"args": ["/bin/sleep", "10"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}})).unwrap(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    };
+    f.service.exec("test", exec("e1")).await.unwrap();
+    f.service.start("test", "short", "e1").await.unwrap();
+    f.service.wait("test", "short", "").await.unwrap();
+    f.service.wait("test", "short", "e1").await.unwrap();
+    let exits = f.sink.exits();
+    let e1 = exits
+        .iter()
+        .position(|(id, _)| id == "e1")
+        .expect("exec exit published");
+    let init = exits
+        .iter()
+        .position(|(id, _)| id == "short")
+        .expect("init exit published");
+    assert!(e1 < init, "exec's exit after the init's: {exits:?}");
+    // (c) six concurrent execs in a long-running init.
+    f.create("long", &["/bin/sleep", "30"]).await.unwrap();
+    f.service.start("test", "long", "").await.unwrap();
+    let mut waits = Vec::new();
+    for i in 0..6 {
+        let id = format!("x{i}");
+        let mut req = exec(&id);
+        req.id = "long".into();
+        req.spec.mut_or_insert_default().value = serde_json::to_vec(
+            &serde_json::json!({"args": ["/bin/cat", "/proc/self/cgroup"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}}),
+        )
+        .unwrap();
+        f.service.exec("test", req).await.unwrap();
+        let s = f.service.clone();
+        waits.push(tokio::spawn(async move {
+            s.start("test", "long", &id).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(5), s.wait("test", "long", &id)).await
+        }));
+    }
+    for w in waits {
+        let st = w.await.unwrap().expect("exec wait within 5 s").unwrap();
+        assert_eq!(st.exit_status, 0);
+    }
+    let exits = f.sink.exits();
+    for i in 0..6 {
+        assert_eq!(
+            exits.iter().filter(|(id, _)| *id == format!("x{i}")).count(),
+            1,
+            "{exits:?}"
+        );
+    }
+    f.service
+        .kill("test", "long", "", libc::SIGKILL as u32, false)
+        .await
+        .unwrap();
+    f.service.wait("test", "long", "").await.unwrap();
+    for id in ["fast", "short", "long"] {
+        f.service.delete("test", id, "").await.unwrap();
+    }
+    f.nri.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn r27_failed_create_is_fast_and_leaves_nothing() {
+    let f = Fixture::new().await;
+    for attempt in 0..2 {
+        let t = Instant::now();
+        let e = f.create("t1", &[]).await.unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "attempt {attempt} took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(e.code(), ttrpc::Code::INVALID_ARGUMENT, "{e}");
+        assert!(!f.state_dir("t1").exists());
+        assert_eq!(f.service.task_count(), 0);
+    }
+    // A binary that does not exist: libcontainer refuses at create.
+    let e = f.create("t2", &["/nonexistent"]).await.unwrap_err();
+    assert!(e.to_string().contains("/nonexistent"), "{e}");
+    assert!(!f.state_dir("t2").exists(), "libcontainer state left");
+    assert!(!cgroup_exists("t2"), "cgroup left");
+    assert_eq!(f.run("t2", &["/bin/true"]).await, 0, "the same id works at once");
+    f.service.delete("test", "t2", "").await.unwrap();
+    // A start that cannot exec: STOPPED with a non-zero status, deletable.
+    f.create("t3", &["/bin/sh"]).await.unwrap();
+    std::fs::remove_file(f.dir.path().join("state/containers/t3/state.json")).unwrap();
+    assert!(f.service.start("test", "t3", "").await.is_err());
+    let st = f.service.state("test", "t3", "").await.unwrap();
+    assert_eq!(
+        st.status.enum_value_or_default(),
+        containerd_shim_protos::api::Status::STOPPED
+    );
+    assert_ne!(st.exit_status, 0);
+    f.service.delete("test", "t3", "").await.unwrap();
+    f.nri.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn r6_plugin_refusal_rolls_back_and_the_retry_succeeds() {
+    let f = Fixture::new().await;
+    *f.recorder.fail_first_create_of.lock().unwrap() = Some("app".into());
+    let e = f.create("app", &["/bin/true"]).await.unwrap_err();
+    assert!(e.to_string().contains("refused once"), "{e}");
+    assert_eq!(f.service.task_count(), 0);
+    assert!(!f.state_dir("app").exists());
+    // The plugins were told the failed container is gone.
+    assert_eq!(
+        f.recorder.events_of("app"),
+        ["CreateContainer", "StopContainer", "RemoveContainer"]
+    );
+    assert_eq!(f.run("app", &["/bin/true"]).await, 0);
+    assert_eq!(f.service.task_count(), 1, "exactly one container named app");
+    f.service.delete("test", "app", "").await.unwrap();
+    f.nri.stop().await;
+}
