@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(pkg-config libseccomp-dev)
+# containerd and busybox-static: the end-to-end tests run a real containerd
+# with busybox containers; libseccomp-dev: libcontainer links libseccomp.
+packages=(pkg-config libseccomp-dev containerd busybox-static)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -15,6 +15,8 @@ use std::{
 };
 
 use nri_adaptation::{Adaptation, AdaptationBuilder, RuntimeState, api};
+
+pub mod containerd;
 use serde::{Deserialize, Serialize};
 
 pub mod raw;

@@ -1,0 +1,290 @@
+//! A private containerd (Debian's package) with the shim on its PATH, in a
+//! temp dir: config, root, state, sockets, and a busybox rootfs from
+//! `busybox-static`. Needs root. A missing prerequisite fails loudly.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+/// The runtime name containerd maps to `containerd-shim-nri-shim-v2`.
+pub const RUNTIME: &str = "io.containerd.nri-shim.v2";
+
+/// A binary of this workspace, from the target directory the running test
+/// was built into.
+///
+/// # Panics
+/// If it was not built (`cargo test --workspace` builds every binary).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` (cargo test --workspace builds it)",
+        p.display()
+    );
+    p
+}
+
+fn require(cmd: &str, package: &str) {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "`{cmd}` not found: apt-get install {package} (scripts/test.sh installs it)");
+}
+
+/// Writes a busybox rootfs (static binary + applet links) to `dir`.
+pub fn busybox_rootfs(dir: &Path) {
+    let busybox = Path::new("/bin/busybox");
+    assert!(busybox.exists(), "/bin/busybox missing: apt-get install busybox-static");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for d in ["proc", "sys", "dev", "tmp", "etc", "root", "run"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::copy(busybox, bin.join("busybox")).unwrap();
+    let list = Command::new(busybox).arg("--list").output().unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        // busybox lists itself: linking it would replace the binary.
+        if applet != "busybox" {
+            let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
+        }
+    }
+}
+
+/// A running private containerd.
+pub struct Containerd {
+    /// Everything lives here.
+    pub dir: tempfile::TempDir,
+    /// containerd's gRPC socket (for `ctr -a`).
+    pub sock: PathBuf,
+    /// The busybox rootfs.
+    pub rootfs: PathBuf,
+    /// Pre-installed NRI plugins.
+    pub plugin_dir: PathBuf,
+    /// Their drop-in configs.
+    pub conf_dir: PathBuf,
+    /// The shim's NRI socket for external plugins.
+    pub nri_sock: PathBuf,
+    /// The shim's state root.
+    pub shim_state: PathBuf,
+    child: Child,
+}
+
+/// What to set up before containerd starts.
+#[derive(Default)]
+pub struct Setup<'a> {
+    /// Pre-installed plugins: (file name, binary, drop-in config text).
+    pub plugins: Vec<(&'a str, PathBuf, String)>,
+    /// Extra TOML appended to the shim config.
+    pub shim_toml: &'a str,
+}
+
+impl Containerd {
+    /// Starts containerd with the shim (`containerd-shim-nri-shim-v2` of
+    /// this workspace) on its PATH and waits until it answers.
+    pub fn start(setup: Setup<'_>) -> Containerd {
+        require("containerd", "containerd");
+        require("ctr", "containerd");
+        let dir = tempfile::Builder::new().prefix("nri-ctrd-").tempdir().unwrap();
+        let t = dir.path();
+        let bin = t.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(workspace_bin("containerd-shim-nri-shim-v2"), bin.join("containerd-shim-nri-shim-v2"))
+            .unwrap();
+        let rootfs = t.join("rootfs");
+        busybox_rootfs(&rootfs);
+        let (plugin_dir, conf_dir) = (t.join("plugins"), t.join("conf.d"));
+        std::fs::create_dir_all(&plugin_dir).unwrap();
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        for (name, binary, conf) in &setup.plugins {
+            std::fs::copy(binary, plugin_dir.join(name)).unwrap();
+            if !conf.is_empty() {
+                std::fs::write(conf_dir.join(format!("{name}.conf")), conf).unwrap();
+            }
+        }
+        let (sock, nri_sock, shim_state) = (t.join("containerd.sock"), t.join("nri/nri.sock"), t.join("shim-state"));
+        std::fs::write(
+            t.join("config.toml"),
+            format!(
+                r#"version = 2
+root = "{t}/root"
+state = "{t}/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  level = "debug"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{t}/opt"
+"#,
+                t = t.display(),
+                sock = sock.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            t.join("shim.toml"),
+            format!(
+                r#"[nri]
+socket_path = "{nri}"
+plugin_path = "{plugins}"
+plugin_config_path = "{conf}"
+[shim]
+state_root = "{state}"
+idle_timeout = "2s"
+log_level = "debug"
+{extra}
+"#,
+                nri = nri_sock.display(),
+                plugins = plugin_dir.display(),
+                conf = conf_dir.display(),
+                state = shim_state.display(),
+                extra = setup.shim_toml
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(t.join("containerd.log")).unwrap();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(t.join("config.toml"))
+            .current_dir(t)
+            .env("PATH", path)
+            .env("NRI_SHIM_CONFIG", t.join("shim.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let c = Containerd {
+            sock,
+            rootfs,
+            plugin_dir,
+            conf_dir,
+            nri_sock,
+            shim_state,
+            child,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !c.ctr(&["version"]).status.success() {
+            assert!(Instant::now() < deadline, "containerd did not start: {}", c.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c
+    }
+
+    /// containerd's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// The shim daemon's log so far.
+    pub fn shim_log(&self) -> String {
+        let mut out = String::new();
+        for d in std::fs::read_dir(&self.shim_state).into_iter().flatten().flatten() {
+            out.push_str(&std::fs::read_to_string(d.path().join("shim.log")).unwrap_or_default());
+        }
+        out
+    }
+
+    /// `ctr -a <sock> args...`.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("-a")
+            .arg(&self.sock)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ctr")
+    }
+
+    /// `ctr run --fifo-dir F --runtime io.containerd.nri-shim.v2 FLAGS --rootfs ROOTFS ID CMD...`
+    /// (flags before `--rootfs`: ctr stops at the first positional).
+    pub fn run(&self, id: &str, flags: &[&str], cmd: &[&str]) -> Output {
+        let fifo = self.dir.path().join("fifo");
+        let mut args: Vec<String> = vec!["run".into(), "--fifo-dir".into(), fifo.display().to_string()];
+        args.extend(["--runtime".into(), RUNTIME.into()]);
+        args.extend(flags.iter().map(|s| s.to_string()));
+        args.extend(["--rootfs".into(), self.rootfs.display().to_string(), id.into()]);
+        args.extend(cmd.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ctr(&refs)
+    }
+
+    /// The bundle of task `id` in namespace `default`.
+    pub fn bundle(&self, id: &str) -> PathBuf {
+        self.dir.path().join("state/io.containerd.runtime.v2.task/default").join(id)
+    }
+
+    /// libcontainer state directories left in the shim's state root.
+    pub fn libcontainer_states(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for d in std::fs::read_dir(&self.shim_state).into_iter().flatten().flatten() {
+            for c in std::fs::read_dir(d.path().join("containers")).into_iter().flatten().flatten() {
+                out.push(c.file_name().to_string_lossy().into_owned());
+            }
+        }
+        out
+    }
+
+    /// Waits until `ctr t ls` shows task `id` with `status` (20 s deadline).
+    pub fn wait_status(&self, id: &str, status: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = String::from_utf8_lossy(&self.ctr(&["t", "ls"]).stdout).into_owned();
+            if out.lines().any(|l| l.split_whitespace().next() == Some(id) && l.contains(status)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "task {id} never {status}: {out}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Pid of the shim daemon serving this containerd, if running.
+    pub fn shim_daemon_pid(&self) -> Option<i32> {
+        let needle = format!("-address {}", self.sock.display());
+        for p in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains("containerd-shim-nri-shim-v2") && cmd.contains(&needle) && cmd.trim_end().ends_with("daemon") {
+                return Some(pid);
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // Remove leftover tasks, then stop containerd and the shim daemon.
+        let tasks = String::from_utf8_lossy(&self.ctr(&["t", "ls", "-q"]).stdout).into_owned();
+        for id in tasks.lines() {
+            let _ = self.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+            let _ = self.ctr(&["t", "rm", "-f", id]);
+        }
+        let containers = String::from_utf8_lossy(&self.ctr(&["c", "ls", "-q"]).stdout).into_owned();
+        for id in containers.lines() {
+            let _ = self.ctr(&["c", "rm", id]);
+        }
+        use nix::{sys::signal::Signal, unistd::Pid};
+        if let Some(pid) = self.shim_daemon_pid() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let _ = nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let _ = self.child.wait();
+        // Empty parent cgroups containerd created (`/default`).
+        for ctl in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir(ctl.path().join("default"));
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! The main job end to end: Debian's containerd runs busybox containers
+//! through `containerd-shim-nri-shim-v2` with real NRI plugin processes.
+//! Root only (these machines and CI run as root).
+
+use std::time::{Duration, Instant};
+
+use integration::{
+    Behaviour, EventLog,
+    containerd::{Containerd, Setup, workspace_bin},
+    spawn_plugin,
+};
+
+const ADJUSTER_TOML: &str = r#"
+[[rule]]
+name = "everything"
+[rule.adjust]
+env = { FOO = "from-nri-adjuster" }
+annotations = { "nri.example.com/adjusted-by" = "nri-adjuster" }
+mounts = [{ destination = "/opt/nri", source = "tmpfs", type = "tmpfs", options = ["nosuid", "size=16m"] }]
+memory = { limit = "128Mi" }
+"#;
+
+fn text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn test_plugin() -> std::path::PathBuf {
+    workspace_bin("nri-test-plugin")
+}
+
+fn recording(log: &EventLog, extra: Behaviour) -> String {
+    serde_json::to_string(&Behaviour {
+        log: Some(log.path().to_path_buf()),
+        ..extra
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_preinstalled_adjuster_changes_env_annotation_mount_and_memory() {
+    let c = Containerd::start(Setup {
+        plugins: vec![("10-adjuster", workspace_bin("nri-adjuster"), ADJUSTER_TOML.to_string())],
+        ..Default::default()
+    });
+    let id = "ctrd-a1";
+    let script = format!(
+        "echo FOO=$FOO; grep -c ' /opt/nri tmpfs' /proc/mounts; cat /sys/fs/cgroup/memory/default/{id}/memory.limit_in_bytes"
+    );
+    let out = c.run(
+        id,
+        &["-d", "--mount", "type=bind,src=/sys/fs/cgroup,dst=/sys/fs/cgroup,options=rbind:ro"],
+        &["/bin/sh", "-c", &format!("({script}) > /tmp/out; sleep 300")],
+    );
+    assert!(out.status.success(), "{}\n{}", text(&out), c.shim_log());
+    c.wait_status(id, "RUNNING");
+    // What the container sees.
+    let seen = c.ctr(&[
+        "t",
+        "exec",
+        "--fifo-dir",
+        &c.dir.path().join("fifo").display().to_string(),
+        "--exec-id",
+        "look",
+        id,
+        "/bin/sh",
+        "-c",
+        // The script may still be writing: wait for its last line.
+        "while [ $(wc -l < /tmp/out) -lt 3 ]; do usleep 10000; done; cat /tmp/out",
+    ]);
+    let seen = text(&seen);
+    assert!(seen.contains("FOO=from-nri-adjuster"), "{seen}");
+    assert!(seen.lines().any(|l| l.trim() == "1"), "no /opt/nri tmpfs: {seen}");
+    assert!(seen.contains(&(128u64 << 20).to_string()), "memory limit: {seen}");
+    // The annotation is in the adjusted spec the container was built from.
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.bundle(id).join("config.json")).unwrap()).unwrap();
+    assert_eq!(spec["annotations"]["nri.example.com/adjusted-by"], "nri-adjuster");
+    let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+    c.wait_status(id, "STOPPED");
+    assert!(c.ctr(&["t", "rm", id]).status.success());
+    assert!(c.ctr(&["c", "rm", id]).status.success());
+}
+
+#[test]
+fn b_external_plugin_connecting_later_adjusts_the_next_container() {
+    let c = Containerd::start(Setup::default());
+    // The daemon comes up with the first container.
+    let out = c.run("ctrd-b0", &["--rm"], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let log = EventLog::new(c.dir.path().join("external.jsonl"));
+    let behaviour = Behaviour {
+        log: Some(log.path().to_path_buf()),
+        events: Some("CreateContainer".into()),
+        adjust: Some(serde_json::json!({"env": [{"key": "BAR", "value": "external"}]})),
+        ..Default::default()
+    };
+    // Until the daemon's idle timer passes, the socket is there; keep a task alive to be sure.
+    let keep = c.run("ctrd-b-keep", &["-d"], &["/bin/sleep", "300"]);
+    assert!(keep.status.success(), "{}", text(&keep));
+    let _plugin = spawn_plugin(test_plugin().to_str().unwrap(), &c.nri_sock, "30", "external", &behaviour);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log.of("30-external", "Configure").is_empty() || c.shim_log().matches("NRI plugin active").count() == 0 {
+        assert!(Instant::now() < deadline, "external plugin never registered:\n{}", c.shim_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = c.run("ctrd-b1", &["--rm"], &["/bin/sh", "-c", "echo BAR=$BAR"]);
+    assert!(text(&out).contains("BAR=external"), "{}", text(&out));
+    let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", "ctrd-b-keep"]);
+}
+
+#[test]
+fn c_exit_code_of_the_container_reaches_ctr() {
+    let c = Containerd::start(Setup::default());
+    let out = c.run("ctrd-c1", &["--rm"], &["/bin/sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+}
+
+#[test]
+fn d_conflicting_plugins_fail_the_run_and_leave_nothing() {
+    let log = EventLog::new(std::env::temp_dir().join(format!("nri-conflict-{}.jsonl", std::process::id())));
+    let conf = |v: &str| {
+        recording(
+            &log,
+            Behaviour {
+                events: Some("CreateContainer".into()),
+                adjust: Some(serde_json::json!({"env": [{"key": "X", "value": v}]})),
+                ..Default::default()
+            },
+        )
+    };
+    let c = Containerd::start(Setup {
+        plugins: vec![("10-a", test_plugin(), conf("a")), ("20-b", test_plugin(), conf("b"))],
+        ..Default::default()
+    });
+    for attempt in 0..2 {
+        let out = c.run("ctrd-d1", &["--rm"], &["/bin/true"]);
+        let msg = text(&out);
+        assert!(!out.status.success(), "attempt {attempt}: {msg}");
+        assert!(msg.contains(r#"plugins "20-b" and "10-a" both tried to set Env X"#), "attempt {attempt}: {msg}");
+        assert!(!msg.contains("already exists"), "attempt {attempt}: {msg}");
+        // Nothing left behind: no task, no libcontainer state, no cgroup, no socket.
+        assert!(!text(&c.ctr(&["t", "ls"])).contains("ctrd-d1"));
+        assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+        assert!(!std::path::Path::new("/sys/fs/cgroup/memory/default/ctrd-d1").exists());
+        let leftovers: Vec<_> = std::fs::read_dir(&c.shim_state)
+            .unwrap()
+            .flatten()
+            .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".console"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+    let _ = std::fs::remove_file(log.path());
+}
+
+#[test]
+fn e_cri_pod_emulation_drives_pod_events() {
+    let log = EventLog::new(std::env::temp_dir().join(format!("nri-pod-{}.jsonl", std::process::id())));
+    let c = Containerd::start(Setup {
+        plugins: vec![("10-recorder", test_plugin(), recording(&log, Behaviour::default()))],
+        ..Default::default()
+    });
+    let pod = [
+        "--annotation",
+        "io.kubernetes.cri.sandbox-id=ctrd-sb1",
+        "--annotation",
+        "io.kubernetes.cri.sandbox-name=mypod",
+        "--annotation",
+        "io.kubernetes.cri.sandbox-namespace=myns",
+        "--annotation",
+        "io.kubernetes.cri.sandbox-uid=0f0e-uid",
+    ];
+    let mut sb = vec!["-d", "--annotation", "io.kubernetes.cri.container-type=sandbox"];
+    sb.extend(pod);
+    let out = c.run("ctrd-sb1", &sb, &["/bin/sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let mut ct = vec![
+        "-d",
+        "--annotation",
+        "io.kubernetes.cri.container-type=container",
+        "--annotation",
+        "io.kubernetes.cri.container-name=app",
+    ];
+    ct.extend(pod);
+    let out = c.run("ctrd-c1", &ct, &["/bin/sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    for id in ["ctrd-c1", "ctrd-sb1"] {
+        assert!(c.ctr(&["t", "kill", "-s", "SIGKILL", id]).status.success());
+        c.wait_status(id, "STOPPED");
+        assert!(c.ctr(&["t", "rm", id]).status.success());
+    }
+    let lines = log.lines();
+    let evs: Vec<String> = lines
+        .iter()
+        .filter(|l| !["Configure", "Synchronize", "ValidateContainerAdjustment"].contains(&l.event.as_str()))
+        .map(|l| format!("{} {} {}", l.event, l.pod, l.container_name))
+        .collect();
+    assert_eq!(evs[0], "RunPodSandbox ctrd-sb1 ", "{evs:#?}");
+    assert!(evs.contains(&"CreateContainer ctrd-sb1 app".to_string()), "{evs:#?}");
+    let stop = evs.iter().position(|e| e.starts_with("StopPodSandbox ctrd-sb1")).expect("StopPodSandbox");
+    let remove = evs.iter().position(|e| e.starts_with("RemovePodSandbox ctrd-sb1")).expect("RemovePodSandbox");
+    let ctr_remove = evs.iter().position(|e| e == "RemoveContainer ctrd-sb1 app").expect("RemoveContainer");
+    assert!(ctr_remove < stop && stop < remove, "{evs:#?}");
+    assert_eq!(evs.iter().filter(|e| e.starts_with("RunPodSandbox")).count(), 1, "{evs:#?}");
+    let _ = std::fs::remove_file(log.path());
+}
+
+#[test]
+fn f_exec_kill_update_stats_through_containerd() {
+    use containerd_shim_protos::{api, shim_async::TaskClient};
+    let c = Containerd::start(Setup::default());
+    let id = "ctrd-f1";
+    let out = c.run(id, &["-d"], &["/bin/sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    c.wait_status(id, "RUNNING");
+    let fifo = c.dir.path().join("fifo").display().to_string();
+    let out = c.ctr(&["t", "exec", "--fifo-dir", &fifo, "--exec-id", "e1", id, "/bin/sh", "-c", "echo from-exec; exit 4"]);
+    assert!(text(&out).contains("from-exec"), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(4));
+    let metrics = text(&c.ctr(&["t", "metrics", id]));
+    assert!(metrics.contains("memory.usage_in_bytes"), "{metrics}");
+    // ctr 1.6 has no `task update`: call the shim's Task service directly.
+    let sock = std::fs::read_dir(&c.shim_state)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("task.sock"))
+        .find(|p| p.exists())
+        .expect("daemon socket");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = ttrpc::asynchronous::Client::connect(&format!("unix://{}", sock.display())).await.unwrap();
+        let task = TaskClient::new(client);
+        let mut ctx = ttrpc::context::with_timeout(10_000_000_000);
+        ctx.add("containerd-namespace-ttrpc".into(), "default".into());
+        let req = api::UpdateTaskRequest {
+            id: id.into(),
+            resources: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
+                value: br#"{"memory": {"limit": 100663296}}"#.to_vec(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        task.update(ctx, &req).await.unwrap();
+    });
+    let limit = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/default/{id}/memory.limit_in_bytes")).unwrap();
+    assert_eq!(limit.trim(), "100663296");
+    assert!(c.ctr(&["t", "pause", id]).status.success());
+    assert!(text(&c.ctr(&["t", "ls"])).contains("PAUSED"));
+    assert!(c.ctr(&["t", "resume", id]).status.success());
+    assert!(c.ctr(&["t", "kill", "-s", "SIGKILL", id]).status.success());
+    c.wait_status(id, "STOPPED");
+    // R23: a kill after the exit is NotFound.
+    let again = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+    assert!(!again.status.success());
+    assert!(text(&again).contains("not found"), "{}", text(&again));
+    assert!(c.ctr(&["t", "rm", id]).status.success());
+}
+
+#[test]
+fn r26_delete_after_shim_death_reports_the_recorded_exit_status() {
+    let c = Containerd::start(Setup::default());
+    let id = "ctrd-r26";
+    let events = std::process::Command::new("ctr")
+        .arg("-a")
+        .arg(&c.sock)
+        .arg("events")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = c.run(id, &["-d"], &["/bin/sh", "-c", "exit 3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    c.wait_status(id, "STOPPED");
+    let pid = c.shim_daemon_pid().expect("shim daemon");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.log().contains("cleaning up dead shim") {
+        assert!(Instant::now() < deadline, "containerd never cleaned up:\n{}", c.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // containerd reports the task exited with what the delete action read
+    // from the bundle: 3, not 137.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = c.log();
+        if log.contains("exit_status=3") || log.contains("\"exit_status\":3") {
+            break;
+        }
+        let ls = text(&c.ctr(&["t", "ls"]));
+        if !ls.contains(id) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{ls}\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut events = events;
+    let _ = events.kill();
+    let out = events.wait_with_output().unwrap();
+    let evs = String::from_utf8_lossy(&out.stdout);
+    let exits: Vec<&str> = evs.lines().filter(|l| l.contains("/tasks/exit") && l.contains(id)).collect();
+    assert!(!exits.is_empty(), "{evs}");
+    assert!(exits.iter().all(|l| l.contains("\"exit_status\":3")), "{exits:#?}");
+    assert!(!exits.iter().any(|l| l.contains("\"exit_status\":137")), "{exits:#?}");
+}
+
+#[test]
+fn daemon_exits_when_idle() {
+    let c = Containerd::start(Setup::default());
+    let out = c.run("ctrd-idle", &["--rm"], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.shim_daemon_pid().is_some() {
+        assert!(Instant::now() < deadline, "daemon still up after its 2 s idle timeout");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And a new one starts on demand.
+    let out = c.run("ctrd-idle2", &["--rm"], &["/bin/sh", "-c", "exit 5"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+}
