@@ -1,0 +1,75 @@
+# Shared by the scripts: Debian packages, a private containerd with the
+# shim on its PATH, and a busybox rootfs. Source it; needs root.
+
+nri_need_packages() {
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "missing packages ${missing[*]}: run as root or install them" >&2
+            return 1
+        fi
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+# nri_busybox_rootfs DIR
+nri_busybox_rootfs() {
+    local r=$1
+    mkdir -p "$r"/{bin,proc,sys,dev,tmp,etc,root,run}
+    cp /bin/busybox "$r/bin/busybox"
+    for a in $("$r/bin/busybox" --list); do
+        [ "$a" = busybox ] || ln -sf busybox "$r/bin/$a"
+    done
+}
+
+# nri_containerd_start DIR SHIM_BIN_DIR [IDLE_TIMEOUT]
+# Starts containerd with config, root, state and sockets under DIR.
+nri_containerd_start() {
+    local t=$1 bindir=$2 idle=${3:-2s}
+    mkdir -p "$t/logs" "$t/plugins" "$t/conf.d"
+    cat > "$t/config.toml" <<TOML
+version = 2
+root = "$t/root"
+state = "$t/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$t/containerd.sock"
+[ttrpc]
+  address = "$t/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$t/opt"
+TOML
+    cat > "$t/shim.toml" <<TOML
+[nri]
+socket_path = "$t/nri.sock"
+plugin_path = "$t/plugins"
+plugin_config_path = "$t/conf.d"
+[shim]
+state_root = "$t/shim-state"
+idle_timeout = "$idle"
+TOML
+    (cd "$t" && env PATH="$bindir:$PATH" NRI_SHIM_CONFIG="$t/shim.toml" \
+        containerd --config "$t/config.toml" >> "$t/logs/containerd.log" 2>&1 & echo $! > "$t/containerd.pid")
+    for _ in $(seq 1 500); do
+        ctr -a "$t/containerd.sock" version >/dev/null 2>&1 && return 0
+        sleep 0.02
+    done
+    echo "containerd did not start; see $t/logs/containerd.log" >&2
+    return 1
+}
+
+# nri_containerd_stop DIR: containerd, the shim daemon, leftover cgroups.
+nri_containerd_stop() {
+    local t=$1
+    local a="ctr -a $t/containerd.sock"
+    for id in $($a t ls -q 2>/dev/null); do $a t kill -s SIGKILL "$id" >/dev/null 2>&1; $a t rm -f "$id" >/dev/null 2>&1; done
+    for id in $($a c ls -q 2>/dev/null); do $a c rm "$id" >/dev/null 2>&1; done
+    pkill -f "containerd-shim-nri-shim-v2 .*-address $t/containerd.sock .*daemon" 2>/dev/null || true
+    [ -f "$t/containerd.pid" ] && kill "$(cat "$t/containerd.pid")" 2>/dev/null || true
+    sleep 0.2
+    for c in /sys/fs/cgroup/*/default; do rmdir "$c" 2>/dev/null || true; done
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The main job: a private containerd (Debian's) runs a busybox container
+# through containerd-shim-nri-shim-v2 with the nri-adjuster plugin
+# pre-installed; the container prints what NRI changed. Run as root on
+# Debian; installs what is missing, builds, cleans up after itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib/env.sh
+
+nri_need_packages pkg-config libseccomp-dev containerd busybox-static
+echo "== building (release)"
+cargo build --release --locked -q
+T=$(mktemp -d /tmp/nri-shim-main.XXXXXX)
+trap 'nri_containerd_stop "$T"; rm -rf "$T"' EXIT
+mkdir -p "$T/bin"
+ln -s "$PWD/target/release/containerd-shim-nri-shim-v2" "$T/bin/"
+nri_busybox_rootfs "$T/rootfs"
+mkdir -p "$T/plugins" "$T/conf.d"
+cp target/release/nri-adjuster "$T/plugins/10-adjuster"
+cp testdata/plugins/adjuster.toml "$T/conf.d/10-adjuster.conf"
+nri_containerd_start "$T" "$T/bin"
+echo "== containerd $(containerd --version | awk '{print $3}') on $T/containerd.sock, runtime io.containerd.nri-shim.v2"
+echo "== plugin 10-adjuster rules: testdata/plugins/adjuster.toml"
+echo "== ctr run --rm --runtime io.containerd.nri-shim.v2 app (inside the container:)"
+ctr -a "$T/containerd.sock" run --rm --fifo-dir "$T/fifo" --runtime io.containerd.nri-shim.v2 \
+    --mount type=bind,src=/sys/fs/cgroup,dst=/sys/fs/cgroup,options=rbind:ro \
+    --rootfs "$T/rootfs" app /bin/sh -c '
+        echo "  FOO=$FOO"
+        echo "  mount: $(grep " /opt/nri " /proc/mounts)"
+        echo "  memory limit: $(cat /sys/fs/cgroup/memory/default/app/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max) bytes"
+        echo "  cgroup: $(grep memory /proc/self/cgroup)"'
+echo "== exit status $?; shim log: $(ls "$T"/shim-state/*/shim.log)"
