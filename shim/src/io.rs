@@ -3,9 +3,10 @@
 //!
 //! Output fifos are given to the container directly (opened read-write so
 //! opening never blocks and the container never gets SIGPIPE while the
-//! client reconnects). Stdin goes through a pipe fed from the fifo, so
-//! CloseIO can close it. With a terminal, libcontainer sends the pty master
-//! over a console socket; two threads copy between it and the fifos.
+//! client reconnects). Stdin goes through a pipe fed from the fifo by a
+//! task on the daemon's runtime (no thread per container), so CloseIO can
+//! close it. With a terminal, libcontainer sends the pty master over a
+//! console socket; two threads copy between it and the fifos.
 
 use std::{
     fs::{File, OpenOptions},
@@ -93,6 +94,7 @@ fn open_output(uri: &str) -> Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Opens a stdin path for a thread copier (terminal processes).
 fn open_input(uri: &str) -> Result<File> {
     let path = path_of(uri)?;
     let file = OpenOptions::new()
@@ -106,6 +108,17 @@ fn open_input(uri: &str) -> Result<File> {
     Ok(File::from(fd))
 }
 
+/// Opens a stdin fifo (or file) for the async copier. A fifo is opened
+/// read-write so opening never blocks and a client that reconnects does not
+/// end the stream.
+fn open_input_async(uri: &str) -> Result<tokio::net::unix::pipe::Receiver> {
+    let path = path_of(uri)?;
+    tokio::net::unix::pipe::OpenOptions::new()
+        .read_write(true)
+        .open_receiver(&path)
+        .map_err(|e| ShimError::io(format!("open stdin {}", path.display()), e))
+}
+
 /// Stdio prepared for one process.
 pub struct ProcessIo {
     /// stdin, stdout, stderr for the helper to hand to the process.
@@ -114,15 +127,22 @@ pub struct ProcessIo {
     pub console_socket: Option<PathBuf>,
     console_listener: Option<std::os::unix::net::UnixListener>,
     spec: StdioSpec,
-    /// Write end of the stdin pipe (closed by CloseIO).
+    /// Write end of the stdin pipe of a terminal process (closed by CloseIO).
     stdin_writer: Arc<Mutex<Option<File>>>,
+    /// Tells the stdin copy task to drop the pipe's write end (CloseIO, or
+    /// the process is gone).
+    stdin_close: Option<Arc<tokio::sync::Notify>>,
     master: Option<Arc<File>>,
     copiers: Vec<JoinHandle<()>>,
+    /// Fires when the terminal's output copier has copied everything.
+    output_done: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl ProcessIo {
     /// Opens what `spec` names. With a terminal, a console socket is bound
     /// at `console_path`.
+    ///
+    /// Must run inside a tokio runtime: stdin is copied by a task.
     ///
     /// # Errors
     /// [`ShimError::InvalidArgument`] for unsupported URIs, I/O errors
@@ -134,8 +154,10 @@ impl ProcessIo {
             console_listener: None,
             spec: spec.clone(),
             stdin_writer: Arc::new(Mutex::new(None)),
+            stdin_close: None,
             master: None,
             copiers: Vec::new(),
+            output_done: None,
         };
         if spec.terminal {
             let _ = std::fs::remove_file(console_path);
@@ -149,12 +171,12 @@ impl ProcessIo {
         let stdin = if spec.stdin.is_empty() {
             dev_null(false)?
         } else {
-            let source = open_input(&spec.stdin)?;
+            let source = open_input_async(&spec.stdin)?;
             let (r, w) = nix::unistd::pipe().map_err(|e| ShimError::io("stdin pipe", e.into()))?;
-            let writer = File::from(w);
-            *io.stdin_writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(writer);
-            let shared = io.stdin_writer.clone();
-            io.copiers.push(std::thread::spawn(move || copy_stdin(source, shared)));
+            let sink = tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(|e| ShimError::io("stdin pipe", e))?;
+            let close = Arc::new(tokio::sync::Notify::new());
+            io.stdin_close = Some(close.clone());
+            tokio::spawn(copy_stdin(source, sink, close));
             r
         };
         io.container_fds = Some([stdin, open_output(&spec.stdout)?, open_output(&spec.stderr)?]);
@@ -207,7 +229,10 @@ impl ProcessIo {
         }
         let out = open_output(&self.spec.stdout)?;
         let m = master.clone();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        self.output_done = Some(done_rx);
         self.copiers.push(std::thread::spawn(move || {
+            let _done = done_tx; // dropped, so fired, when the copy ends
             let mut dst = File::from(out);
             let mut buf = [0u8; 32 << 10];
             loop {
@@ -229,6 +254,10 @@ impl ProcessIo {
     /// Closes the process's stdin (CloseIO).
     pub fn close_stdin(&self) {
         self.stdin_writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(close) = &self.stdin_close {
+            // A stored permit: the task sees it even if it is not waiting yet.
+            close.notify_one();
+        }
     }
 
     /// Resizes the terminal.
@@ -254,49 +283,54 @@ impl ProcessIo {
         Ok(())
     }
 
-    /// Waits (bounded) until the terminal output has been copied out, so an
-    /// exit event does not overtake the last output.
-    pub fn drain(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        // Only the terminal's output copier ends on its own (EIO); stdin
-        // copiers live until CloseIO, so they are detached.
-        if self.master.is_some()
-            && let Some(out) = self.copiers.pop()
-        {
-            while !out.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        self.close_stdin();
+    /// After the process exited: what to await (bounded) so the exit event
+    /// does not overtake the terminal's last output. Only the terminal's
+    /// output copier ends on its own (EIO); other stdio needs no draining.
+    pub fn output_drained(&mut self) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        self.output_done.take()
     }
 }
 
 impl Drop for ProcessIo {
     fn drop(&mut self) {
+        // Ends the stdin copier, which would otherwise wait on the fifo
+        // (that we hold open read-write) forever.
+        self.close_stdin();
         if let Some(p) = self.console_socket.take() {
             let _ = std::fs::remove_file(p);
         }
     }
 }
 
-fn copy_stdin(mut source: File, writer: Arc<Mutex<Option<File>>>) {
-    let mut buf = [0u8; 32 << 10];
+/// Copies the stdin fifo into the process's stdin pipe until CloseIO, the
+/// process closing its end (EPIPE), or the ProcessIo being dropped. The
+/// buffer is allocated on the first input, so idle containers cost none.
+async fn copy_stdin(
+    source: tokio::net::unix::pipe::Receiver,
+    mut sink: tokio::net::unix::pipe::Sender,
+    close: Arc<tokio::sync::Notify>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut buf: Vec<u8> = Vec::new();
     loop {
-        let n = match source.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+        tokio::select! {
+            _ = close.notified() => return,
+            r = source.readable() => if r.is_err() { return },
+        }
+        if buf.is_empty() {
+            buf = vec![0u8; 16 << 10];
+        }
+        let n = match source.try_read(&mut buf) {
+            Ok(0) => return,
             Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
         };
-        let mut guard = writer.lock().unwrap_or_else(|p| p.into_inner());
-        match guard.as_mut() {
-            Some(w) => {
-                if w.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-            None => break, // closed by CloseIO
+        tokio::select! {
+            _ = close.notified() => return,
+            r = sink.write_all(&buf[..n]) => if r.is_err() { return },
         }
     }
-    writer.lock().unwrap_or_else(|p| p.into_inner()).take();
 }
 
 fn recv_fd(stream: &std::os::unix::net::UnixStream) -> Result<OwnedFd> {
@@ -334,8 +368,8 @@ mod tests {
         assert!(matches!(path_of("tcp://x"), Err(ShimError::InvalidArgument(_))));
     }
 
-    #[test]
-    fn fifo_output_and_piped_stdin() {
+    #[tokio::test]
+    async fn fifo_output_and_piped_stdin() {
         let d = tempfile::tempdir().unwrap();
         let (o, i) = (d.path().join("out"), d.path().join("in"));
         nix::unistd::mkfifo(&o, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
@@ -351,8 +385,13 @@ mod tests {
         // Something written into the stdin fifo reaches the container's stdin.
         let mut client_in = OpenOptions::new().write(true).open(&i).unwrap();
         client_in.write_all(b"hello").unwrap();
-        let mut got = [0u8; 5];
-        File::from(stdin).read_exact(&mut got).unwrap();
+        let mut stdin = File::from(stdin);
+        let got = tokio::task::spawn_blocking(move || {
+            let mut got = [0u8; 5];
+            stdin.read_exact(&mut got).unwrap();
+            (got, stdin)
+        });
+        let (got, mut stdin) = got.await.unwrap();
         assert_eq!(&got, b"hello");
         // The container's stdout reaches the fifo's reader.
         let mut reader = OpenOptions::new()
@@ -364,6 +403,33 @@ mod tests {
         let mut got = [0u8; 3];
         reader.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"out");
+        // CloseIO: the container's stdin reads EOF.
         io.close_stdin();
+        let rest = tokio::task::spawn_blocking(move || {
+            let mut rest = Vec::new();
+            stdin.read_to_end(&mut rest).map(|_| rest)
+        });
+        assert_eq!(rest.await.unwrap().unwrap(), b"");
+    }
+
+    #[tokio::test]
+    async fn dropping_process_io_ends_the_stdin_copier() {
+        let d = tempfile::tempdir().unwrap();
+        let i = d.path().join("in");
+        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let spec = StdioSpec {
+            stdin: i.to_string_lossy().into(),
+            ..Default::default()
+        };
+        let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
+        let [stdin, _, _] = io.take_fds().unwrap();
+        drop(io);
+        // The copier dropped the pipe's write end: the reader sees EOF
+        // instead of blocking forever.
+        let rest = tokio::task::spawn_blocking(move || {
+            let mut rest = Vec::new();
+            File::from(stdin).read_to_end(&mut rest).map(|_| rest)
+        });
+        assert_eq!(rest.await.unwrap().unwrap(), b"");
     }
 }
