@@ -21,7 +21,11 @@ memory = { limit = "128Mi" }
 "#;
 
 fn text(o: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn test_plugin() -> std::path::PathBuf {
@@ -48,7 +52,11 @@ fn a_preinstalled_adjuster_changes_env_annotation_mount_and_memory() {
     );
     let out = c.run(
         id,
-        &["-d", "--mount", "type=bind,src=/sys/fs/cgroup,dst=/sys/fs/cgroup,options=rbind:ro"],
+        &[
+            "-d",
+            "--mount",
+            "type=bind,src=/sys/fs/cgroup,dst=/sys/fs/cgroup,options=rbind:ro",
+        ],
         &["/bin/sh", "-c", &format!("({script}) > /tmp/out; sleep 300")],
     );
     assert!(out.status.success(), "{}\n{}", text(&out), c.shim_log());
@@ -97,10 +105,20 @@ fn b_external_plugin_connecting_later_adjusts_the_next_container() {
     // Until the daemon's idle timer passes, the socket is there; keep a task alive to be sure.
     let keep = c.run("ctrd-b-keep", &["-d"], &["/bin/sleep", "300"]);
     assert!(keep.status.success(), "{}", text(&keep));
-    let _plugin = spawn_plugin(test_plugin().to_str().unwrap(), &c.nri_sock, "30", "external", &behaviour);
+    let _plugin = spawn_plugin(
+        test_plugin().to_str().unwrap(),
+        &c.nri_sock,
+        "30",
+        "external",
+        &behaviour,
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while log.of("30-external", "Configure").is_empty() || c.shim_log().matches("NRI plugin active").count() == 0 {
-        assert!(Instant::now() < deadline, "external plugin never registered:\n{}", c.shim_log());
+        assert!(
+            Instant::now() < deadline,
+            "external plugin never registered:\n{}",
+            c.shim_log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = c.run("ctrd-b1", &["--rm"], &["/bin/sh", "-c", "echo BAR=$BAR"]);
@@ -113,6 +131,22 @@ fn c_exit_code_of_the_container_reaches_ctr() {
     let c = Containerd::start(Setup::default());
     let out = c.run("ctrd-c1", &["--rm"], &["/bin/sh", "-c", "exit 3"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    // The shim's log lines reach containerd's log through the bundle's
+    // `log` fifo, as a Go shim's do.
+    let log = c.log();
+    assert!(
+        log.lines().any(|l| l.contains("task created") && l.contains("ctrd-c1")),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("process exited") && l.contains("ctrd-c1") && l.contains("exit_status=3")),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("task deleted") && l.contains("ctrd-c1")),
+        "{log}"
+    );
 }
 
 #[test]
@@ -136,7 +170,10 @@ fn d_conflicting_plugins_fail_the_run_and_leave_nothing() {
         let out = c.run("ctrd-d1", &["--rm"], &["/bin/true"]);
         let msg = text(&out);
         assert!(!out.status.success(), "attempt {attempt}: {msg}");
-        assert!(msg.contains(r#"plugins "20-b" and "10-a" both tried to set Env X"#), "attempt {attempt}: {msg}");
+        assert!(
+            msg.contains(r#"plugins "20-b" and "10-a" both tried to set Env X"#),
+            "attempt {attempt}: {msg}"
+        );
         assert!(!msg.contains("already exists"), "attempt {attempt}: {msg}");
         // Nothing left behind: no task, no libcontainer state, no cgroup, no socket.
         assert!(!text(&c.ctr(&["t", "ls"])).contains("ctrd-d1"));
@@ -198,11 +235,24 @@ fn e_cri_pod_emulation_drives_pod_events() {
         .collect();
     assert_eq!(evs[0], "RunPodSandbox ctrd-sb1 ", "{evs:#?}");
     assert!(evs.contains(&"CreateContainer ctrd-sb1 app".to_string()), "{evs:#?}");
-    let stop = evs.iter().position(|e| e.starts_with("StopPodSandbox ctrd-sb1")).expect("StopPodSandbox");
-    let remove = evs.iter().position(|e| e.starts_with("RemovePodSandbox ctrd-sb1")).expect("RemovePodSandbox");
-    let ctr_remove = evs.iter().position(|e| e == "RemoveContainer ctrd-sb1 app").expect("RemoveContainer");
+    let stop = evs
+        .iter()
+        .position(|e| e.starts_with("StopPodSandbox ctrd-sb1"))
+        .expect("StopPodSandbox");
+    let remove = evs
+        .iter()
+        .position(|e| e.starts_with("RemovePodSandbox ctrd-sb1"))
+        .expect("RemovePodSandbox");
+    let ctr_remove = evs
+        .iter()
+        .position(|e| e == "RemoveContainer ctrd-sb1 app")
+        .expect("RemoveContainer");
     assert!(ctr_remove < stop && stop < remove, "{evs:#?}");
-    assert_eq!(evs.iter().filter(|e| e.starts_with("RunPodSandbox")).count(), 1, "{evs:#?}");
+    assert_eq!(
+        evs.iter().filter(|e| e.starts_with("RunPodSandbox")).count(),
+        1,
+        "{evs:#?}"
+    );
     let _ = std::fs::remove_file(log.path());
 }
 
@@ -215,7 +265,18 @@ fn f_exec_kill_update_stats_through_containerd() {
     assert!(out.status.success(), "{}", text(&out));
     c.wait_status(id, "RUNNING");
     let fifo = c.dir.path().join("fifo").display().to_string();
-    let out = c.ctr(&["t", "exec", "--fifo-dir", &fifo, "--exec-id", "e1", id, "/bin/sh", "-c", "echo from-exec; exit 4"]);
+    let out = c.ctr(&[
+        "t",
+        "exec",
+        "--fifo-dir",
+        &fifo,
+        "--exec-id",
+        "e1",
+        id,
+        "/bin/sh",
+        "-c",
+        "echo from-exec; exit 4",
+    ]);
     assert!(text(&out).contains("from-exec"), "{}", text(&out));
     assert_eq!(out.status.code(), Some(4));
     let metrics = text(&c.ctr(&["t", "metrics", id]));
@@ -227,9 +288,14 @@ fn f_exec_kill_update_stats_through_containerd() {
         .map(|d| d.path().join("task.sock"))
         .find(|p| p.exists())
         .expect("daemon socket");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
-        let client = ttrpc::asynchronous::Client::connect(&format!("unix://{}", sock.display())).await.unwrap();
+        let client = ttrpc::asynchronous::Client::connect(&format!("unix://{}", sock.display()))
+            .await
+            .unwrap();
         let task = TaskClient::new(client);
         let mut ctx = ttrpc::context::with_timeout(10_000_000_000);
         ctx.add("containerd-namespace-ttrpc".into(), "default".into());
@@ -262,44 +328,55 @@ fn f_exec_kill_update_stats_through_containerd() {
 fn r26_delete_after_shim_death_reports_the_recorded_exit_status() {
     let c = Containerd::start(Setup::default());
     let id = "ctrd-r26";
-    let events = std::process::Command::new("ctr")
+    let mut events = std::process::Command::new("ctr")
         .arg("-a")
         .arg(&c.sock)
         .arg("events")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = events.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let out = c.run(id, &["-d"], &["/bin/sh", "-c", "exit 3"]);
     assert!(out.status.success(), "{}", text(&out));
     c.wait_status(id, "STOPPED");
     let pid = c.shim_daemon_pid().expect("shim daemon");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let mut seen: Vec<String> = rx.try_iter().collect();
+    let before_kill = seen.len();
+    // containerd notices the dead shim, runs the delete action and
+    // publishes the task's exit with what it read from the bundle: 3, not
+    // 137. Wait for that exit event.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !c.log().contains("cleaning up dead shim") {
-        assert!(Instant::now() < deadline, "containerd never cleaned up:\n{}", c.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // containerd reports the task exited with what the delete action read
-    // from the bundle: 3, not 137.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let log = c.log();
-        if log.contains("exit_status=3") || log.contains("\"exit_status\":3") {
-            break;
+    while !seen[before_kill..]
+        .iter()
+        .any(|l| l.contains("/tasks/exit") && l.contains(id))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "no exit event after the shim died:\n{seen:#?}\n{}",
+            c.log()
+        );
+        if let Ok(l) = rx.recv_timeout(left) {
+            seen.push(l);
         }
-        let ls = text(&c.ctr(&["t", "ls"]));
-        if !ls.contains(id) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{ls}\n{log}");
-        std::thread::sleep(Duration::from_millis(20));
     }
-    let mut events = events;
     let _ = events.kill();
-    let out = events.wait_with_output().unwrap();
-    let evs = String::from_utf8_lossy(&out.stdout);
-    let exits: Vec<&str> = evs.lines().filter(|l| l.contains("/tasks/exit") && l.contains(id)).collect();
-    assert!(!exits.is_empty(), "{evs}");
+    let _ = events.wait();
+    assert!(c.log().contains("cleaning up dead shim"), "{}", c.log());
+    let exits: Vec<&String> = seen
+        .iter()
+        .filter(|l| l.contains("/tasks/exit") && l.contains(id))
+        .collect();
     assert!(exits.iter().all(|l| l.contains("\"exit_status\":3")), "{exits:#?}");
     assert!(!exits.iter().any(|l| l.contains("\"exit_status\":137")), "{exits:#?}");
 }

@@ -30,6 +30,7 @@ pub mod io;
 pub mod monitor;
 pub mod nri;
 pub mod service;
+pub mod shimlog;
 pub mod task;
 
 /// The binary's entry point: dispatches on the action before any thread

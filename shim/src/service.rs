@@ -297,17 +297,23 @@ impl Service {
                 req.id
             )));
         }
+        let log_key = format!("{ns}/{}", req.id);
+        crate::shimlog::SHIM_LOG.attach(&log_key, Path::new(&req.bundle));
         let mut undo = Undo::default();
         let result = self.create_inner(ns, &req, &mut undo).await;
         lock(&self.inner.creating).remove(&key);
         match result {
-            Ok(pid) => Ok(task_api::CreateTaskResponse {
-                pid,
-                ..Default::default()
-            }),
+            Ok(pid) => {
+                tracing::info!(task = %req.id, namespace = ns, pid, "task created");
+                Ok(task_api::CreateTaskResponse {
+                    pid,
+                    ..Default::default()
+                })
+            }
             Err(e) => {
-                tracing::warn!(task = %req.id, error = %e, "create failed, cleaning up");
+                tracing::warn!(task = %req.id, namespace = ns, error = %e, "create failed, cleaning up");
                 self.undo_create(ns, &req, undo).await;
+                crate::shimlog::SHIM_LOG.detach(&log_key);
                 Err(e)
             }
         }
@@ -546,10 +552,13 @@ impl Service {
             self.start_exec(&task, &proc).await
         };
         match result {
-            Ok(pid) => Ok(task_api::StartResponse {
-                pid,
-                ..Default::default()
-            }),
+            Ok(pid) => {
+                tracing::info!(task = id, namespace = ns, exec = exec_id, pid, "process started");
+                Ok(task_api::StartResponse {
+                    pid,
+                    ..Default::default()
+                })
+            }
             Err(e) => {
                 // runc convention: a process that could not start is
                 // stopped with a non-zero status and can be deleted.
@@ -690,9 +699,14 @@ impl Service {
             }
         };
         crate::monitor::release(pidfd.pid());
-        if let Some(io) = lock(&proc.io).as_mut() {
-            io.drain(Duration::from_secs(2));
+        let drained = lock(&proc.io).as_mut().and_then(ProcessIo::output_drained);
+        if let Some(done) = drained {
+            let _ = tokio::time::timeout(Duration::from_secs(2), done).await;
         }
+        if let Some(io) = lock(&proc.io).as_ref() {
+            io.close_stdin();
+        }
+        tracing::info!(task = %task.id, exec = %proc.exec_id, pid = pidfd.pid(), exit_status = st.code, "process exited");
         let was = {
             let mut s = lock(&proc.status);
             let was = *s;
@@ -963,6 +977,8 @@ impl Service {
             }),
         );
         self.inner.changed.notify_waiters();
+        tracing::info!(task = id, namespace = ns, exit_status = rsp.exit_status, "task deleted");
+        crate::shimlog::SHIM_LOG.detach(&format!("{ns}/{id}"));
         Ok(rsp)
     }
 
