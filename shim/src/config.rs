@@ -157,8 +157,30 @@ pub struct ShimConfig {
     /// external plugins connected.
     #[serde(deserialize_with = "duration")]
     pub idle_timeout: Duration,
-    /// `tracing` filter for the shim's log.
+    /// `tracing` filter for the shim's log: a level (`info`) or
+    /// comma-separated `target=level` directives
+    /// (`info,nri_adaptation=debug`), checked when the file is loaded.
+    #[serde(deserialize_with = "log_filter")]
     pub log_level: String,
+}
+
+/// Accepts `LEVEL` and `target=LEVEL` directives, comma-separated (the
+/// syntax of [`tracing_subscriber::filter::Targets`], minus bare target
+/// names, which would silently mean "trace").
+fn log_filter<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    use tracing::level_filters::LevelFilter;
+    let s = String::deserialize(d)?;
+    for directive in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let level = directive.rsplit_once('=').map_or(directive, |(_, l)| l);
+        level.parse::<LevelFilter>().map_err(|_| {
+            serde::de::Error::custom(format!(
+                "invalid log filter {s:?}: {level:?} in {directive:?} is not one of off, error, warn, info, debug, trace"
+            ))
+        })?;
+    }
+    s.parse::<tracing_subscriber::filter::Targets>()
+        .map_err(|e| serde::de::Error::custom(format!("invalid log filter {s:?}: {e}")))?;
+    Ok(s)
 }
 
 impl Default for ShimConfig {
@@ -273,6 +295,34 @@ mod tests {
         assert!(e.to_string().contains("plugin_request_timeout"), "{e}");
         let e = Config::parse("[nri.failure_policy]\n\"10-a\" = \"maybe\"\n", Path::new("c.toml")).unwrap_err();
         assert!(e.to_string().contains("maybe"), "{e}");
+        let e = Config::parse("[shim]\nlog_level = \"loud\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(
+            e.to_string().contains("log_level") && e.to_string().contains("loud"),
+            "{e}"
+        );
+        Config::parse(
+            "[shim]\nlog_level = \"info,nri_adaptation=debug\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+    }
+
+    /// The README's configuration example is what a missing file means.
+    #[test]
+    fn readme_example_is_valid_and_the_defaults() {
+        let readme = include_str!("../../README.md");
+        let section = &readme[readme
+            .find("### Configuration")
+            .expect("README has a Configuration section")..];
+        let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let block = &section[start..start + section[start..].find("```").unwrap()];
+        let c = Config::parse(block, Path::new("README.md")).unwrap();
+        let d = Config::default();
+        assert_eq!(format!("{:?}", c.nri.options()), format!("{:?}", d.nri.options()));
+        assert_eq!(c.shim.state_root, d.shim.state_root);
+        assert_eq!(c.shim.idle_timeout, d.shim.idle_timeout);
+        assert_eq!(c.shim.log_level, d.shim.log_level);
+        assert!(!c.nri.disable);
     }
 
     #[test]

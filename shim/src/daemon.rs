@@ -17,6 +17,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use nri_adaptation::Adaptation;
+use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
 
 use crate::{
     args::Flags,
@@ -185,10 +186,15 @@ pub fn daemon_main(flags: &Flags, config: Config) -> anyhow::Result<()> {
     crate::monitor::set_subreaper().context("become child subreaper")?;
     let dir = daemon_dir(&config, &flags.address);
     std::fs::create_dir_all(&dir)?;
+    // Targets, not EnvFilter: no regex engine in the resident daemon. The
+    // filter was checked when the config was loaded.
+    let filter: tracing_subscriber::filter::Targets = config.shim.log_level.parse().unwrap_or_default();
     let _ = tracing_subscriber::fmt()
         .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&config.shim.log_level))
+        .with_writer(crate::shimlog::writer)
+        .with_max_level(tracing::Level::TRACE)
+        .finish()
+        .with(filter)
         .try_init();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(serve(flags, config, dir))

@@ -245,7 +245,9 @@ pub fn helper_main() -> ! {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        // libcgroups warns once per cgroup v1 controller the host lacks
+        // (hugetlb, perf_event, ...), for every container: not news.
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn,libcgroups::v1::manager=error"))
         .try_init();
     let mut input = String::new();
     let response = match std::io::stdin().read_to_string(&mut input) {
