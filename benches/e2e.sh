@@ -4,13 +4,13 @@
 #   (a) Debian's runc v2 shim, (b) nri-shim without plugins,
 #   (c) nri-shim with 2 plugin processes (nri-adjuster + nri-logger);
 # and the nri-shim daemon's RSS with 20 running containers.
-# Run as root after `cargo build --release`. Prints one line per figure.
+# Run as root (builds the release binaries first). Prints one line per figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
 N=${1:-20}
-nri_need_packages containerd busybox-static bc
-[ -x target/release/containerd-shim-nri-shim-v2 ] || cargo build --release --locked -q
+nri_need_packages pkg-config libseccomp-dev containerd busybox-static bc
+cargo build --release --locked -q -p nri-shim -p nri-adjuster -p nri-logger
 
 median_run() { # DIR RUNTIME LABEL
     local t=$1 rt=$2 label=$3 times=()

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static
 echo "== building (release)"
-cargo build --release --locked -q
+cargo build --release --locked -q -p nri-shim -p nri-adjuster
 T=$(mktemp -d /tmp/nri-shim-main.XXXXXX)
 trap 'nri_containerd_stop "$T"; rm -rf "$T"' EXIT
 mkdir -p "$T/bin"

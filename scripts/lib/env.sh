@@ -52,8 +52,10 @@ plugin_config_path = "$t/conf.d"
 state_root = "$t/shim-state"
 idle_timeout = "$idle"
 TOML
-    (cd "$t" && env PATH="$bindir:$PATH" NRI_SHIM_CONFIG="$t/shim.toml" \
-        containerd --config "$t/config.toml" >> "$t/logs/containerd.log" 2>&1 & echo $! > "$t/containerd.pid")
+    # exec: $! is containerd itself, so nri_containerd_stop can stop it.
+    (cd "$t" && exec env PATH="$bindir:$PATH" NRI_SHIM_CONFIG="$t/shim.toml" \
+        containerd --config "$t/config.toml" >> "$t/logs/containerd.log" 2>&1) &
+    echo $! > "$t/containerd.pid"
     for _ in $(seq 1 500); do
         ctr -a "$t/containerd.sock" version >/dev/null 2>&1 && return 0
         sleep 0.02
@@ -69,7 +71,12 @@ nri_containerd_stop() {
     for id in $($a t ls -q 2>/dev/null); do $a t kill -s SIGKILL "$id" >/dev/null 2>&1; $a t rm -f "$id" >/dev/null 2>&1; done
     for id in $($a c ls -q 2>/dev/null); do $a c rm "$id" >/dev/null 2>&1; done
     pkill -f "containerd-shim-nri-shim-v2 .*-address $t/containerd.sock .*daemon" 2>/dev/null || true
-    [ -f "$t/containerd.pid" ] && kill "$(cat "$t/containerd.pid")" 2>/dev/null || true
-    sleep 0.2
+    if [ -f "$t/containerd.pid" ]; then
+        local pid
+        pid=$(cat "$t/containerd.pid")
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 1 250); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+        kill -9 "$pid" 2>/dev/null || true
+    fi
     for c in /sys/fs/cgroup/*/default; do rmdir "$c" 2>/dev/null || true; done
 }
