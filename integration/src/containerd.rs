@@ -35,7 +35,10 @@ fn require(cmd: &str, package: &str) {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    assert!(ok, "`{cmd}` not found: apt-get install {package} (scripts/test.sh installs it)");
+    assert!(
+        ok,
+        "`{cmd}` not found: apt-get install {package} (scripts/test.sh installs it)"
+    );
 }
 
 /// Writes a busybox rootfs (static binary + applet links) to `dir`.
@@ -95,8 +98,11 @@ impl Containerd {
         let t = dir.path();
         let bin = t.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(workspace_bin("containerd-shim-nri-shim-v2"), bin.join("containerd-shim-nri-shim-v2"))
-            .unwrap();
+        std::os::unix::fs::symlink(
+            workspace_bin("containerd-shim-nri-shim-v2"),
+            bin.join("containerd-shim-nri-shim-v2"),
+        )
+        .unwrap();
         let rootfs = t.join("rootfs");
         busybox_rootfs(&rootfs);
         let (plugin_dir, conf_dir) = (t.join("plugins"), t.join("conf.d"));
@@ -222,14 +228,21 @@ log_level = "debug"
 
     /// The bundle of task `id` in namespace `default`.
     pub fn bundle(&self, id: &str) -> PathBuf {
-        self.dir.path().join("state/io.containerd.runtime.v2.task/default").join(id)
+        self.dir
+            .path()
+            .join("state/io.containerd.runtime.v2.task/default")
+            .join(id)
     }
 
     /// libcontainer state directories left in the shim's state root.
     pub fn libcontainer_states(&self) -> Vec<String> {
         let mut out = Vec::new();
         for d in std::fs::read_dir(&self.shim_state).into_iter().flatten().flatten() {
-            for c in std::fs::read_dir(d.path().join("containers")).into_iter().flatten().flatten() {
+            for c in std::fs::read_dir(d.path().join("containers"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 out.push(c.file_name().to_string_lossy().into_owned());
             }
         }
@@ -241,7 +254,10 @@ log_level = "debug"
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let out = String::from_utf8_lossy(&self.ctr(&["t", "ls"]).stdout).into_owned();
-            if out.lines().any(|l| l.split_whitespace().next() == Some(id) && l.contains(status)) {
+            if out
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(id) && l.contains(status))
+            {
                 return;
             }
             assert!(Instant::now() < deadline, "task {id} never {status}: {out}");
@@ -253,10 +269,15 @@ log_level = "debug"
     pub fn shim_daemon_pid(&self) -> Option<i32> {
         let needle = format!("-address {}", self.sock.display());
         for p in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
             let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("containerd-shim-nri-shim-v2") && cmd.contains(&needle) && cmd.trim_end().ends_with("daemon") {
+            if cmd.contains("containerd-shim-nri-shim-v2")
+                && cmd.contains(&needle)
+                && cmd.trim_end().ends_with("daemon")
+            {
                 return Some(pid);
             }
         }
