@@ -43,8 +43,8 @@
 //!
 //! | setting | builder | environment | fallback |
 //! |---|---|---|---|
-//! | name | [`StubBuilder::with_plugin_name`] | `NRI_PLUGIN_NAME` | `argv[0]` of the form `IDX-NAME` |
-//! | index | [`StubBuilder::with_plugin_idx`] | `NRI_PLUGIN_IDX` | `argv[0]` of the form `IDX-NAME` |
+//! | name | [`StubBuilder::with_plugin_name`] | `NRI_PLUGIN_NAME` | `argv[0]` of the form `IDX-NAME`, else `argv[0]`'s file name |
+//! | index | [`StubBuilder::with_plugin_idx`] | `NRI_PLUGIN_IDX` | `argv[0]` of the form `IDX-NAME`, else [`StubBuilder::with_default_plugin_idx`] |
 //! | connection | [`StubBuilder::with_socket_path`] | `NRI_PLUGIN_SOCKET` (an inherited, connected fd) | `/var/run/nri/nri.sock` |
 //!
 //! A split initial sync (several Synchronize requests with `more = true`) is
@@ -73,14 +73,36 @@ use ttrpc::asynchronous::{Server, TtrpcContext};
 /// Error type plugin handlers return; any error converts into it with `?`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// An error and its causes on one line, `: `-separated, leaving out a cause
+/// whose text is already in the line (this crate's errors, like many,
+/// include their source in their own message). For a plugin binary's exit
+/// message: `eprintln!("my-plugin: error: {}", nri_stub::error_chain(e.as_ref()))`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    let mut next = Some(e);
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
 /// Why a stub could not be built, connect, register or keep running.
 #[derive(Debug, thiserror::Error)]
 pub enum StubError {
     /// No plugin name in the builder, `NRI_PLUGIN_NAME` or `argv[0]`.
-    #[error("plugin name not set: use with_plugin_name, NRI_PLUGIN_NAME or an IDX-NAME executable name")]
+    #[error("plugin name not set: use with_plugin_name or NRI_PLUGIN_NAME (no executable name to fall back to)")]
     MissingName,
     /// No plugin index in the builder, `NRI_PLUGIN_IDX` or `argv[0]`.
-    #[error("plugin index not set: use with_plugin_idx, NRI_PLUGIN_IDX or an IDX-NAME executable name")]
+    #[error(
+        "plugin index not set: use with_plugin_idx, NRI_PLUGIN_IDX, an IDX-NAME executable name or with_default_plugin_idx"
+    )]
     MissingIndex,
     /// The name or index breaks the NRI naming rules.
     #[error(transparent)]
@@ -262,11 +284,41 @@ pub trait Plugin: Send + Sync + 'static {
     async fn on_close(&self) {}
 }
 
+/// Name and index from, in order: the builder, the environment, an
+/// `IDX-NAME` executable name; then the executable's name for the name (as
+/// Go's `pkg/stub` does) and the builder's default for the index.
+fn resolve_identity(
+    builder: (Option<String>, Option<String>),
+    env: (Option<String>, Option<String>),
+    exe: Option<String>,
+    default_idx: Option<String>,
+) -> Result<(String, String), StubError> {
+    let from_exe = exe
+        .as_deref()
+        .and_then(|e| naming::parse_plugin_file_name(e).ok())
+        .map(|(i, n)| (Some(i), Some(n)))
+        .unwrap_or((None, None));
+    let name = builder
+        .0
+        .or(env.0)
+        .or(from_exe.1)
+        .or(exe)
+        .ok_or(StubError::MissingName)?;
+    let idx = builder
+        .1
+        .or(env.1)
+        .or(from_exe.0)
+        .or(default_idx)
+        .ok_or(StubError::MissingIndex)?;
+    Ok((name, idx))
+}
+
 /// Builds a [`Stub`]; see the crate docs for the settings and their sources.
 pub struct StubBuilder {
     plugin: Arc<dyn Plugin>,
     name: Option<String>,
     idx: Option<String>,
+    default_idx: Option<String>,
     socket_path: Option<PathBuf>,
     events: EventMask,
     registration_timeout: Duration,
@@ -282,6 +334,15 @@ impl StubBuilder {
     /// Sets the two-digit plugin index (overrides `NRI_PLUGIN_IDX`).
     pub fn with_plugin_idx(mut self, idx: impl Into<String>) -> Self {
         self.idx = Some(idx.into());
+        self
+    }
+
+    /// The index to use when neither [`with_plugin_idx`](Self::with_plugin_idx),
+    /// `NRI_PLUGIN_IDX` nor an `IDX-NAME` executable name gives one: lets a
+    /// plugin binary run by hand without flags yet still take the index the
+    /// runtime launched it with.
+    pub fn with_default_plugin_idx(mut self, idx: impl Into<String>) -> Self {
+        self.default_idx = Some(idx.into());
         self
     }
 
@@ -304,31 +365,23 @@ impl StubBuilder {
         self
     }
 
-    /// Resolves name and index and checks them.
+    /// Resolves name and index (see the crate docs) and checks them.
     ///
     /// # Errors
     /// [`StubError::MissingName`], [`StubError::MissingIndex`],
     /// [`StubError::Naming`] or [`StubError::NoEvents`].
     pub fn build(self) -> Result<Stub, StubError> {
-        let from_argv = std::env::args()
+        let exe = std::env::args()
             .next()
-            .and_then(|a| {
-                let base = std::path::Path::new(&a).file_name()?.to_str()?.to_string();
-                naming::parse_plugin_file_name(&base).ok()
-            })
-            .map(|(i, n)| (Some(i), Some(n)))
-            .unwrap_or((None, None));
+            .and_then(|a| Some(std::path::Path::new(&a).file_name()?.to_str()?.to_string()))
+            .filter(|b| !b.is_empty());
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let name = self
-            .name
-            .or_else(|| env(nri_proto::PLUGIN_NAME_ENV))
-            .or(from_argv.1)
-            .ok_or(StubError::MissingName)?;
-        let idx = self
-            .idx
-            .or_else(|| env(nri_proto::PLUGIN_IDX_ENV))
-            .or(from_argv.0)
-            .ok_or(StubError::MissingIndex)?;
+        let (name, idx) = resolve_identity(
+            (self.name, self.idx),
+            (env(nri_proto::PLUGIN_NAME_ENV), env(nri_proto::PLUGIN_IDX_ENV)),
+            exe,
+            self.default_idx,
+        )?;
         naming::check_index(&idx)?;
         naming::check_name(&name)?;
         if self.events.bits() == 0 {
@@ -386,6 +439,7 @@ impl Stub {
             plugin,
             name: None,
             idx: None,
+            default_idx: None,
             socket_path: None,
             events: EventMask::default(),
             registration_timeout: nri_proto::DEFAULT_REGISTRATION_TIMEOUT,
@@ -923,5 +977,68 @@ impl api_ttrpc::Plugin for PluginService {
                 ..Default::default()
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    fn s(v: &str) -> Option<String> {
+        Some(v.to_string())
+    }
+
+    fn resolve(
+        builder: (Option<String>, Option<String>),
+        env: (Option<String>, Option<String>),
+        exe: Option<String>,
+        default_idx: Option<String>,
+    ) -> (String, String) {
+        resolve_identity(builder, env, exe, default_idx).unwrap()
+    }
+
+    #[test]
+    fn builder_then_environment_then_executable_then_defaults() {
+        let none = (None, None);
+        assert_eq!(
+            resolve((s("b"), s("05")), (s("e"), s("06")), s("07-x"), s("99")),
+            ("b".into(), "05".into())
+        );
+        assert_eq!(
+            resolve(none.clone(), (s("e"), s("06")), s("07-x"), s("99")),
+            ("e".into(), "06".into())
+        );
+        // Launched by the runtime as plugins/07-x: the file name gives both.
+        assert_eq!(
+            resolve(none.clone(), none.clone(), s("07-x"), s("99")),
+            ("x".into(), "07".into())
+        );
+        // Run by hand: the executable's name and the default index.
+        assert_eq!(
+            resolve(none.clone(), none.clone(), s("nri-adjuster"), s("10")),
+            ("nri-adjuster".into(), "10".into())
+        );
+    }
+
+    #[test]
+    fn error_chain_skips_causes_already_in_the_message() {
+        let e = StubError::Connect {
+            path: "/x.sock".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let text = error_chain(&e);
+        assert_eq!(text.matches("entity not found").count(), 1, "{text}");
+        assert!(
+            text.starts_with("failed to connect to the NRI socket /x.sock"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn missing_index_without_default_is_an_error() {
+        let e = resolve_identity((None, None), (None, None), s("nri-adjuster"), None).unwrap_err();
+        assert!(matches!(e, StubError::MissingIndex), "{e}");
+        let e = resolve_identity((None, s("10")), (None, None), None, None).unwrap_err();
+        assert!(matches!(e, StubError::MissingName), "{e}");
     }
 }

@@ -29,42 +29,19 @@ struct Args {
     config: Option<PathBuf>,
 }
 
-/// Name and index to give the stub: the flag, else nothing when the stub
-/// will find them itself (environment of a launched plugin, `IDX-NAME`
-/// executable name), else the defaults.
-fn identity(name: Option<String>, idx: Option<String>) -> (Option<String>, Option<String>) {
-    let exe = std::env::args()
-        .next()
-        .and_then(|a| Some(std::path::Path::new(&a).file_name()?.to_str()?.to_string()))
-        .unwrap_or_default();
-    let from_exe = nri_proto::naming::parse_plugin_file_name(&exe).is_ok();
-    let env = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty());
-    let name = name.or_else(|| {
-        (!from_exe && !env(nri_proto::PLUGIN_NAME_ENV)).then(|| {
-            if nri_proto::naming::check_name(&exe).is_ok() {
-                exe.clone()
-            } else {
-                env!("CARGO_BIN_NAME").to_string()
-            }
-        })
-    });
-    let idx = idx.or_else(|| (!from_exe && !env(nri_proto::PLUGIN_IDX_ENV)).then(|| DEFAULT_IDX.to_string()));
-    (name, idx)
-}
-
 async fn run(args: Args) -> anyhow::Result<()> {
     let config = match &args.config {
         Some(path) => Config::from_file(path).with_context(|| format!("--config {}", path.display()))?,
         None => Config::default(),
     };
-    let (name, idx) = identity(args.name, args.idx);
     let mut builder = Stub::builder_arc(Arc::new(Adjuster::new(config)))
         .with_events(nri_adjuster::events())
-        .with_socket_path(&args.socket_path);
-    if let Some(n) = name {
+        .with_socket_path(&args.socket_path)
+        .with_default_plugin_idx(DEFAULT_IDX);
+    if let Some(n) = args.name {
         builder = builder.with_plugin_name(n);
     }
-    if let Some(i) = idx {
+    if let Some(i) = args.idx {
         builder = builder.with_plugin_idx(i);
     }
     let stub = builder.build()?;
@@ -72,23 +49,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     stub.run().await.with_context(|| format!("plugin {plugin}"))?;
     tracing::info!(plugin, "shut down by the runtime");
     Ok(())
-}
-
-/// The error and its causes on one line, leaving out a cause whose text
-/// the message before it already includes (nri-stub's errors print their
-/// source themselves).
-fn report(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-    }
-    out
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -104,7 +64,7 @@ async fn main() {
         .init();
     let args = Args::parse();
     if let Err(e) = run(args).await {
-        eprintln!("nri-adjuster: error: {}", report(&e));
+        eprintln!("nri-adjuster: error: {}", nri_stub::error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }
