@@ -288,6 +288,20 @@ pub async fn call(exe: &Path, req: &Request, stdio: [OwnedFd; 3]) -> Result<Opti
     result
 }
 
+/// [`call`] for requests whose process has no stdio (start, delete):
+/// the helper gets `/dev/null` three times.
+///
+/// # Errors
+/// As [`call`], or when `/dev/null` cannot be opened.
+pub async fn call_without_stdio(exe: &Path, req: &Request) -> Result<Option<i32>, ShimError> {
+    let devnull = || {
+        std::fs::File::open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(|e| ShimError::io("open /dev/null", e))
+    };
+    call(exe, req, [devnull()?, devnull()?, devnull()?]).await
+}
+
 async fn call_inner(exe: &Path, req: &Request, stdio: [OwnedFd; 3]) -> Result<Option<i32>, ShimError> {
     let input = serde_json::to_vec(req).map_err(|e| ShimError::Runtime(format!("helper request: {e}")))?;
     let raw: [i32; 3] = [stdio[0].as_raw_fd(), stdio[1].as_raw_fd(), stdio[2].as_raw_fd()];

@@ -484,21 +484,16 @@ impl Service {
     async fn undo_create(&self, ns: &str, req: &task_api::CreateTaskRequest, undo: Undo) {
         let nri = self.nri();
         if undo.helper_created {
-            let root = self.libcontainer_root();
-            let devnull = || std::fs::File::open("/dev/null").map(std::os::fd::OwnedFd::from);
-            if let (Ok(a), Ok(b), Ok(c)) = (devnull(), devnull(), devnull()) {
-                let _ = helper::call(
-                    &self.inner.exe,
-                    &helper::Request::Delete {
-                        id: req.id.clone(),
-                        root,
-                        force: true,
-                        cgroups_path: None,
-                    },
-                    [a, b, c],
-                )
-                .await;
-            }
+            let _ = helper::call_without_stdio(
+                &self.inner.exe,
+                &helper::Request::Delete {
+                    id: req.id.clone(),
+                    root: self.libcontainer_root(),
+                    force: true,
+                    cgroups_path: None,
+                },
+            )
+            .await;
         }
         // As containerd does for a failed create: tell plugins it is gone.
         if let Some((pod, c)) = &undo.nri_container {
@@ -592,18 +587,12 @@ impl Service {
         if task.role != Role::Sandbox {
             nri.start_container(&pod, &container).await?;
         }
-        let devnull = || {
-            std::fs::File::open("/dev/null")
-                .map(std::os::fd::OwnedFd::from)
-                .map_err(|e| ShimError::io("open /dev/null", e))
-        };
-        helper::call(
+        helper::call_without_stdio(
             &self.inner.exe,
             &helper::Request::Start {
                 id: task.id.clone(),
                 root: self.libcontainer_root(),
             },
-            [devnull()?, devnull()?, devnull()?],
         )
         .await?;
         let pid = task.init.pid();
@@ -932,12 +921,7 @@ impl Service {
                 tracing::warn!(task = id, error = %e, "NRI RemoveContainer failed");
             }
         }
-        let devnull = || {
-            std::fs::File::open("/dev/null")
-                .map(std::os::fd::OwnedFd::from)
-                .map_err(|e| ShimError::io("open /dev/null", e))
-        };
-        helper::call(
+        helper::call_without_stdio(
             &self.inner.exe,
             &helper::Request::Delete {
                 id: id.to_string(),
@@ -945,7 +929,6 @@ impl Service {
                 force: true,
                 cgroups_path: Some(task.cgroups_path.clone()),
             },
-            [devnull()?, devnull()?, devnull()?],
         )
         .await?;
         unmount_all(&task.rootfs_mounts);
