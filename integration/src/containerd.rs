@@ -202,6 +202,34 @@ log_level = "debug"
         out
     }
 
+    /// Starts `ctr events`: every event containerd publishes from now on.
+    pub fn events(&self) -> Events {
+        let mut child = Command::new("ctr")
+            .arg("-a")
+            .arg(&self.sock)
+            .arg("events")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run ctr events");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("ctr events stdout");
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Events {
+            child,
+            rx,
+            seen: Vec::new(),
+            cursor: 0,
+        }
+    }
+
     /// `ctr -a <sock> args...`.
     pub fn ctr(&self, args: &[&str]) -> Output {
         Command::new("ctr")
@@ -260,7 +288,11 @@ log_level = "debug"
             {
                 return;
             }
-            assert!(Instant::now() < deadline, "task {id} never {status}: {out}");
+            assert!(
+                Instant::now() < deadline,
+                "task {id} never {status}: {out}\nshim log:\n{}",
+                self.shim_log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -307,5 +339,71 @@ impl Drop for Containerd {
         for ctl in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
             let _ = std::fs::remove_dir(ctl.path().join("default"));
         }
+    }
+}
+
+/// The output of `ctr events`, one line per event:
+/// `DATE TIME ZONE UTC NAMESPACE TOPIC {json}`. Killed on drop.
+pub struct Events {
+    child: Child,
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+    cursor: usize,
+}
+
+impl Events {
+    /// Waits until an event line after the cursor (the start, the last
+    /// match or [`Events::mark`]) satisfies `pred`; returns its index in
+    /// [`Events::seen`] and moves the cursor past it.
+    ///
+    /// # Panics
+    /// After `timeout`, listing what was seen.
+    pub fn wait_for(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut from = self.cursor;
+        loop {
+            if let Some(i) = self.seen[from..].iter().position(|l| pred(l)) {
+                self.cursor = from + i + 1;
+                return from + i;
+            }
+            from = self.seen.len();
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "event not seen within {timeout:?}; seen:\n{:#?}",
+                self.seen
+            );
+            if let Ok(l) = self.rx.recv_timeout(left) {
+                self.seen.push(l);
+            }
+        }
+    }
+
+    /// Moves the cursor past everything that has arrived so far.
+    pub fn mark(&mut self) {
+        self.cursor = self.seen().len();
+    }
+
+    /// Collects what has arrived so far.
+    pub fn seen(&mut self) -> &[String] {
+        self.seen.extend(self.rx.try_iter());
+        &self.seen
+    }
+
+    /// Event lines of `topic` (e.g. `/tasks/exit`) about container `id`.
+    pub fn of(&mut self, topic: &str, id: &str) -> Vec<String> {
+        let needle = format!("\"container_id\":\"{id}\"");
+        self.seen()
+            .iter()
+            .filter(|l| l.split_whitespace().nth(5) == Some(topic) && l.contains(&needle))
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -55,6 +55,9 @@ pub struct Behaviour {
     pub sync_updates: Vec<serde_json::Value>,
     /// Call UpdateContainers with this update from inside CreateContainer.
     pub update_containers_on_create: Option<serde_json::Value>,
+    /// Ask, in that same UpdateContainers call (made even without an
+    /// update), for the eviction of this container id.
+    pub evict_on_create: Option<String>,
     /// Reject every validation with this reason.
     pub reject: Option<String>,
 }

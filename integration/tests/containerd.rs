@@ -328,55 +328,19 @@ fn f_exec_kill_update_stats_through_containerd() {
 fn r26_delete_after_shim_death_reports_the_recorded_exit_status() {
     let c = Containerd::start(Setup::default());
     let id = "ctrd-r26";
-    let mut events = std::process::Command::new("ctr")
-        .arg("-a")
-        .arg(&c.sock)
-        .arg("events")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let stdout = events.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut events = c.events();
     let out = c.run(id, &["-d"], &["/bin/sh", "-c", "exit 3"]);
     assert!(out.status.success(), "{}", text(&out));
     c.wait_status(id, "STOPPED");
     let pid = c.shim_daemon_pid().expect("shim daemon");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let mut seen: Vec<String> = rx.try_iter().collect();
-    let before_kill = seen.len();
+    events.mark();
     // containerd notices the dead shim, runs the delete action and
     // publishes the task's exit with what it read from the bundle: 3, not
     // 137. Wait for that exit event.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !seen[before_kill..]
-        .iter()
-        .any(|l| l.contains("/tasks/exit") && l.contains(id))
-    {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(
-            !left.is_zero(),
-            "no exit event after the shim died:\n{seen:#?}\n{}",
-            c.log()
-        );
-        if let Ok(l) = rx.recv_timeout(left) {
-            seen.push(l);
-        }
-    }
-    let _ = events.kill();
-    let _ = events.wait();
+    events.wait_for(Duration::from_secs(20), |l| l.contains("/tasks/exit") && l.contains(id));
     assert!(c.log().contains("cleaning up dead shim"), "{}", c.log());
-    let exits: Vec<&String> = seen
-        .iter()
-        .filter(|l| l.contains("/tasks/exit") && l.contains(id))
-        .collect();
+    let exits = events.of("/tasks/exit", id);
     assert!(exits.iter().all(|l| l.contains("\"exit_status\":3")), "{exits:#?}");
     assert!(!exits.iter().any(|l| l.contains("\"exit_status\":137")), "{exits:#?}");
 }
@@ -394,4 +358,74 @@ fn daemon_exits_when_idle() {
     // And a new one starts on demand.
     let out = c.run("ctrd-idle2", &["--rm"], &["/bin/sh", "-c", "exit 5"]);
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+}
+
+#[test]
+fn oom_kill_is_reported_before_the_exit() {
+    let c = Containerd::start(Setup::default());
+    let id = "ctrd-oom";
+    let mut events = c.events();
+    // tail keeps a line without newline in memory: 200 MiB against 32 MiB.
+    let out = c.run(
+        id,
+        &["--rm", "--memory-limit", "33554432"],
+        &["/bin/sh", "-c", "head -c 200m /dev/zero | tail"],
+    );
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out));
+    events.wait_for(Duration::from_secs(10), |l| l.contains("/tasks/exit") && l.contains(id));
+    let seen = events.seen().to_vec();
+    let oom = seen.iter().position(|l| l.contains("/tasks/oom") && l.contains(id));
+    let exit = seen.iter().position(|l| l.contains("/tasks/exit") && l.contains(id));
+    assert!(oom.is_some() && oom < exit, "{seen:#?}");
+}
+
+#[test]
+fn plugin_initiated_update_and_eviction_reach_running_containers() {
+    let (target, victim) = ("ctrd-g-target", "ctrd-g-victim");
+    // On every CreateContainer the plugin asks, unsolicited, for a 64 MiB
+    // memory limit on `target` and for the eviction of `victim`.
+    let behaviour = serde_json::to_string(&Behaviour {
+        events: Some("CreateContainer".into()),
+        update_containers_on_create: Some(serde_json::json!({
+            "container_id": target,
+            "linux": {"resources": {"memory": {"limit": {"value": "67108864"}}}}
+        })),
+        evict_on_create: Some(victim.into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let c = Containerd::start(Setup {
+        plugins: vec![("10-updater", test_plugin(), behaviour)],
+        ..Default::default()
+    });
+    let run = |id: &str| {
+        let out = c.run(id, &["-d"], &["/bin/sleep", "300"]);
+        assert!(out.status.success(), "{}", text(&out));
+        c.wait_status(id, "RUNNING");
+    };
+    let limit = || {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/memory/default/{target}/memory.limit_in_bytes"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    // While `target` itself is created, the update finds nothing running.
+    run(target);
+    assert_ne!(limit(), "67108864");
+    // The next create's request reaches the running `target`; the eviction
+    // of `victim` during its own creation finds nothing running either.
+    run(victim);
+    assert_eq!(limit(), "67108864", "the plugin's update reached the running container");
+    let mut events = c.events();
+    let out = c.run("ctrd-g-trigger", &["--rm"], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    c.wait_status(victim, "STOPPED");
+    events.wait_for(Duration::from_secs(10), |l| {
+        l.contains("/tasks/exit") && l.contains(victim) && l.contains("\"exit_status\":137")
+    });
+    assert!(c.log().contains("evicted by 10-updater"), "{}", c.log());
+    assert_eq!(text(&c.ctr(&["t", "ls"])).matches("RUNNING").count(), 1);
+    for id in [target, victim] {
+        let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+    }
 }

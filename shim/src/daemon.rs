@@ -278,8 +278,11 @@ fn build_adaptation(service: &Service, config: &Config) -> anyhow::Result<Adapta
         .with_evict_fn(move |ev| {
             let s = s3.clone();
             async move {
+                // Detached: the kill tells the plugins StopContainer, which
+                // waits for the request in progress, and a plugin may be
+                // evicting from inside that very request (R7 shape).
                 if let Some(s) = s.upgrade() {
-                    s.evict(&ev.container_id, &ev.reason).await;
+                    tokio::spawn(async move { s.evict(&ev.container_id, &ev.reason).await });
                 }
                 Ok(())
             }

@@ -163,12 +163,25 @@ impl Plugin for TestPlugin {
             rsp.adjust = protobuf::MessageField::some(integration::adjustment_from_json(adj));
         }
         rsp.update = b.create_updates.iter().map(integration::update_from_json).collect();
-        if let Some(v) = &b.update_containers_on_create {
+        if b.update_containers_on_create.is_some() || b.evict_on_create.is_some() {
             // Unsolicited update from inside an event handler (R8 shape).
             let h = self.handle.lock().unwrap().clone();
             if let Some(h) = h {
-                let u = integration::update_from_json(v);
-                let _ = h.update_containers(vec![u], Vec::new()).await;
+                let update = b
+                    .update_containers_on_create
+                    .iter()
+                    .map(integration::update_from_json)
+                    .collect();
+                let evict = b
+                    .evict_on_create
+                    .iter()
+                    .map(|id| api::ContainerEviction {
+                        container_id: id.clone(),
+                        reason: format!("evicted by {}", self.name.lock().unwrap()),
+                        ..Default::default()
+                    })
+                    .collect();
+                let _ = h.update_containers(update, evict).await;
             }
         }
         Ok(rsp)
