@@ -199,3 +199,27 @@ impl Task for TaskService {
         Ok(Empty::new())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_request_becomes_internal_and_the_next_one_runs() {
+        let e = guarded::<()>("Kill", async { panic!("boom in kill") })
+            .await
+            .unwrap_err();
+        match e {
+            ttrpc::Error::RpcStatus(s) => {
+                assert_eq!(s.code(), ttrpc::Code::INTERNAL);
+                assert!(s.message().contains("Kill panicked: boom in kill"), "{}", s.message());
+            }
+            other => panic!("not a status: {other:?}"),
+        }
+        let e = guarded::<()>("Kill", async { Err(ShimError::NotFound("gone".into())) })
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ttrpc::Error::RpcStatus(s) if s.code() == ttrpc::Code::NOT_FOUND));
+        assert_eq!(guarded("State", async { Ok(7) }).await.unwrap(), 7);
+    }
+}
