@@ -20,6 +20,8 @@ pub struct Flags {
     pub debug: bool,
     /// `-v`: print the version.
     pub version: bool,
+    /// `-h`: print the usage.
+    pub help: bool,
     /// `start`, `delete`, or the internal `daemon`.
     pub action: String,
 }
@@ -37,6 +39,21 @@ pub enum ArgsError {
     #[error("unexpected argument {0:?}")]
     Unexpected(String),
 }
+
+/// What `-h` prints.
+pub const USAGE: &str = "\
+usage: containerd-shim-nri-shim-v2 -namespace NS -address CONTAINERD_SOCKET -id ID [-bundle DIR] [-publish-binary BIN] [-debug] start|delete
+       containerd-shim-nri-shim-v2 -v
+
+A containerd shim v2 (runtime type io.containerd.nri-shim.v2) that passes
+every container through NRI plugins and runs it with libcontainer.
+containerd runs it; it is not meant to be run by hand.
+
+  start    print the task address, starting the node's shim daemon if needed
+  delete   clean up after a task whose shim is gone; prints its exit status
+
+Configuration: $NRI_SHIM_CONFIG, else /etc/nri-shim/config.toml.
+";
 
 /// Parses `args` (without argv\[0\]). Flags take one or two dashes and
 /// `-flag value` or `-flag=value`; the first non-flag is the action.
@@ -58,6 +75,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, ArgsError
         match name.as_str() {
             "debug" => f.debug = inline.as_deref() != Some("false"),
             "v" | "version" => f.version = true,
+            "h" | "help" => f.help = true,
             "namespace" | "address" | "publish-binary" | "id" | "bundle" | "socket" => {
                 let value = match inline {
                     Some(v) => v,
@@ -117,5 +135,6 @@ mod tests {
         assert_eq!(p("-bogus start").unwrap_err(), ArgsError::UnknownFlag("-bogus".into()));
         assert_eq!(p("start delete").unwrap_err(), ArgsError::Unexpected("delete".into()));
         assert!(p("-v").unwrap().version);
+        assert!(p("--help").unwrap().help && p("-h").unwrap().help);
     }
 }

@@ -209,9 +209,30 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Invalid`] naming the key at fault.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            message: e.to_string().replace('\n', " "),
+        toml::from_str(text).map_err(|e| {
+            // One line: "line L, column C: message" (toml's own Display
+            // draws the source line over several lines).
+            let at = e.span().map(|span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+                let column = before.len() - line_start + 1;
+                // The line itself names the key when the message does not
+                // (a bad value).
+                let source: String = text[line_start..]
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .chars()
+                    .take(80)
+                    .collect();
+                format!("line {line}, column {column} `{source}`: ")
+            });
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("{}{}", at.unwrap_or_default(), e.message().trim()),
+            }
         })
     }
 
@@ -291,6 +312,12 @@ mod tests {
     fn invalid_file_names_the_key() {
         let e = Config::parse("[nri]\nsocket_pth = \"/x\"\n", Path::new("c.toml")).unwrap_err();
         assert!(e.to_string().contains("socket_pth"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("c.toml: line 2, column 1 `socket_pth = \"/x\"`: unknown field"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains('\n'), "{e}");
         let e = Config::parse("[nri]\nplugin_request_timeout = \"soon\"\n", Path::new("c.toml")).unwrap_err();
         assert!(e.to_string().contains("plugin_request_timeout"), "{e}");
         let e = Config::parse("[nri.failure_policy]\n\"10-a\" = \"maybe\"\n", Path::new("c.toml")).unwrap_err();

@@ -43,12 +43,16 @@ pub fn main() {
     let flags = match args::parse(argv.into_iter().skip(1)) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("containerd-shim-nri-shim-v2: {e}");
+            eprintln!("containerd-shim-nri-shim-v2: {e} (-h for usage)");
             std::process::exit(2);
         }
     };
     if flags.version {
         println!("containerd-shim-nri-shim-v2 {}", env!("CARGO_PKG_VERSION"));
+        return;
+    }
+    if flags.help {
+        print!("{}", args::USAGE);
         return;
     }
     let config = match config::Config::load() {
