@@ -18,13 +18,15 @@ use nri_stub::{BoxError, EventMask, Plugin};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-nri-shim-v2");
 
-/// A busybox rootfs shared by the tests of this file.
+/// A busybox rootfs shared by the tests of this file, kept in cargo's
+/// per-target temp dir (a static is never dropped, so a /tmp dir would be
+/// left behind by every run).
 fn rootfs() -> &'static Path {
     static ROOTFS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ROOTFS.get_or_init(|| {
         let busybox = Path::new("/bin/busybox");
         assert!(busybox.exists(), "/bin/busybox missing: apt-get install busybox-static");
-        let dir = std::env::temp_dir().join(format!("nri-shim-rootfs-{}", std::process::id()));
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("busybox-rootfs");
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
         for d in ["proc", "dev", "sys", "tmp", "etc", "root"] {
