@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
 
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static
-echo "== building (release)"
-cargo build --release --locked -q -p nri-shim -p nri-adjuster
+echo "== building (release; the first build takes about 10 minutes on 2 cores)"
+cargo build --release --locked -p nri-shim -p nri-adjuster
 T=$(mktemp -d /tmp/nri-shim-main.XXXXXX)
 trap 'nri_containerd_stop "$T"; rm -rf "$T"' EXIT
 mkdir -p "$T/bin"
@@ -22,11 +22,14 @@ nri_containerd_start "$T" "$T/bin"
 echo "== containerd $(containerd --version | awk '{print $3}') on $T/containerd.sock, runtime io.containerd.nri-shim.v2"
 echo "== plugin 10-adjuster rules: testdata/plugins/adjuster.toml"
 echo "== ctr run --rm --runtime io.containerd.nri-shim.v2 app (inside the container:)"
+rc=0
 ctr -a "$T/containerd.sock" run --rm --fifo-dir "$T/fifo" --runtime io.containerd.nri-shim.v2 \
     --mount type=bind,src=/sys/fs/cgroup,dst=/sys/fs/cgroup,options=rbind:ro \
     --rootfs "$T/rootfs" app /bin/sh -c '
         echo "  FOO=$FOO"
         echo "  mount: $(grep " /opt/nri " /proc/mounts)"
-        echo "  memory limit: $(cat /sys/fs/cgroup/memory/default/app/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max) bytes"
-        echo "  cgroup: $(grep memory /proc/self/cgroup)"'
-echo "== exit status $?; shim log: $(ls "$T"/shim-state/*/shim.log)"
+        echo "  memory limit: $(cat /sys/fs/cgroup/memory/default/app/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/default/app/memory.max) bytes"
+        echo "  cgroup: $(grep -E "memory|^0::" /proc/self/cgroup)"' || rc=$?
+echo "== ctr exit status $rc; what the shim logged (it goes to containerd's log too):"
+grep -hE "plugin registration|NRI plugin active|task created|process exited|task deleted" "$T"/shim-state/*/shim.log | sed 's/^/  /' || true
+exit "$rc"
