@@ -29,7 +29,7 @@ ctr -a "$T/containerd.sock" run --rm --fifo-dir "$T/fifo" --runtime io.container
         echo "  FOO=$FOO"
         echo "  mount: $(grep " /opt/nri " /proc/mounts)"
         echo "  memory limit: $(cat /sys/fs/cgroup/memory/default/app/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/default/app/memory.max) bytes"
-        echo "  cgroup: $(grep -E "memory|^0::" /proc/self/cgroup)"' || rc=$?
+        echo "  cgroup: $(grep memory /proc/self/cgroup || grep "^0::" /proc/self/cgroup)"' || rc=$?
 echo "== ctr exit status $rc; what the shim logged (it goes to containerd's log too):"
 grep -hE "plugin registration|NRI plugin active|task created|process exited|task deleted" "$T"/shim-state/*/shim.log | sed 's/^/  /' || true
 exit "$rc"
