@@ -5,6 +5,7 @@
 #   (c) nri-shim with 2 plugin processes (nri-adjuster + nri-logger);
 # and the nri-shim daemon's RSS with 20 running containers.
 # Run as root (builds the release binaries first). Prints one line per figure.
+# NRI_SHIM_BIN=path compares another build of the shim.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
@@ -31,7 +32,7 @@ median_run() { # DIR RUNTIME LABEL
 setup() { # DIR PLUGINS(0|2)
     local t=$1
     mkdir -p "$t/bin"
-    ln -sf "$PWD/target/release/containerd-shim-nri-shim-v2" "$t/bin/"
+    ln -sf "${NRI_SHIM_BIN:-$PWD/target/release/containerd-shim-nri-shim-v2}" "$t/bin/containerd-shim-nri-shim-v2"
     nri_busybox_rootfs "$t/rootfs"
     mkdir -p "$t/plugins" "$t/conf.d"
     if [ "$2" = 2 ]; then
@@ -56,4 +57,6 @@ for i in $(seq 1 20); do
     ctr -a "$C/containerd.sock" run -d --fifo-dir "$C/fifo" --runtime io.containerd.nri-shim.v2 --rootfs "$C/rootfs" "idle-$i" /bin/sleep 300
 done
 pid=$(pgrep -f "containerd-shim-nri-shim-v2 .*-address $C/containerd.sock .*daemon")
-printf 'nri-shim daemon RSS with 20 containers (2 plugins): %s KiB\n' "$(awk '/VmRSS/ {print $2}' /proc/"$pid"/status)"
+printf 'nri-shim daemon RSS with 20 containers (2 plugins): %s KiB (anon %s, file %s; threads %s)\n' \
+    "$(awk '/VmRSS/ {print $2}' /proc/"$pid"/status)" "$(awk '/RssAnon/ {print $2}' /proc/"$pid"/status)" \
+    "$(awk '/RssFile/ {print $2}' /proc/"$pid"/status)" "$(awk '/Threads/ {print $2}' /proc/"$pid"/status)"

@@ -184,6 +184,10 @@ async fn delete_through_daemon(sock: &Path, ns: &str, id: &str) -> anyhow::Resul
 /// Startup failures (config, NRI socket, task socket).
 pub fn daemon_main(flags: &Flags, config: Config) -> anyhow::Result<()> {
     crate::monitor::set_subreaper().context("become child subreaper")?;
+    // One malloc arena: the daemon's work is on one thread; the short-lived
+    // blocking-pool threads would otherwise each leave an arena behind.
+    // SAFETY: mallopt before any other thread exists.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let dir = daemon_dir(&config, &flags.address);
     std::fs::create_dir_all(&dir)?;
     // Targets, not EnvFilter: no regex engine in the resident daemon. The

@@ -961,6 +961,10 @@ impl Service {
         );
         self.inner.changed.notify_waiters();
         tracing::info!(task = id, namespace = ns, exit_status = rsp.exit_status, "task deleted");
+        // Hand the freed task's memory back to the kernel: the daemon stays
+        // resident on every node.
+        // SAFETY: malloc_trim only releases free heap pages.
+        unsafe { libc::malloc_trim(0) };
         crate::shimlog::SHIM_LOG.detach(&format!("{ns}/{id}"));
         Ok(rsp)
     }
