@@ -689,20 +689,23 @@ impl Adaptation {
         // Plugins present for validation: builtins, plugins that do not
         // handle CreateContainer, and those that answered it. A plugin that
         // failed or timed out does not count (fix of NRI #316, case R5).
+        // Only validators read it: no list without them.
         let mut present = Vec::new();
         if self.inner.opts.default_validator.enable {
             present.push(instance("00", "default-validator"));
         }
         for p in &plugins {
             if !p.subscribed(Event::CREATE_CONTAINER) {
-                if !p.is_closed() {
+                if validating && !p.is_closed() {
                     present.push(instance(&p.idx, &p.base));
                 }
                 continue;
             }
             match p.create_container(result.request()).await {
                 Ok(rsp) => {
-                    present.push(instance(&p.idx, &p.base));
+                    if validating {
+                        present.push(instance(&p.idx, &p.base));
+                    }
                     if let Some(r) = report.as_deref_mut() {
                         r.plugins.push(PluginResponse {
                             plugin: p.name().to_string(),
@@ -728,13 +731,13 @@ impl Adaptation {
                 }
             }
         }
-        let pod = result.request().pod.get_or_default().clone();
-        let (rsp, pristine, owners) = result.into_parts();
+        let done = result.finish();
         if let Some(r) = report {
-            r.owners = Some(owners.as_proto().clone());
+            r.owners = Some(done.owners.to_owners().into_proto());
         }
-        self.validate(&plugins, pod, pristine, &rsp, owners, present).await?;
-        Ok(rsp)
+        self.validate(&plugins, done.pod, done.pristine, &done.response, done.owners, present)
+            .await?;
+        Ok(done.response)
     }
 
     /// Runs every validator concurrently; the first rejection or failure in
@@ -745,7 +748,7 @@ impl Adaptation {
         pod: api::PodSandbox,
         pristine: api::Container,
         rsp: &api::CreateContainerResponse,
-        owners: crate::owners::Owners,
+        owners: crate::result::PendingOwners,
         present: Vec<api::PluginInstance>,
     ) -> Result<(), Error> {
         let validators: Vec<&Arc<Plugin>> = plugins
@@ -761,7 +764,7 @@ impl Adaptation {
             container: protobuf::MessageField::some(pristine),
             adjust: rsp.adjust.clone(),
             update: rsp.update.clone(),
-            owners: protobuf::MessageField::some(owners.into_proto()),
+            owners: protobuf::MessageField::some(owners.into_owners().into_proto()),
             plugins: present,
             ..Default::default()
         };

@@ -136,72 +136,329 @@ fn conflict(plugin: &str, other: &str, field: Field, key: Option<&str>) -> Optio
     })
 }
 
+/// Ownership records of one container's fields, as the merge writes them.
+///
+/// Implemented by the protocol message (`api::FieldOwners`, used for
+/// updates of other containers) and by [`FieldTable`], the compact table a
+/// CreateContainer merge uses for the created container.
+pub(crate) trait Records {
+    /// See [`Owners::claim_simple`].
+    fn claim_simple(&mut self, field: Field, plugin: &str) -> Result<(), MergeError>;
+    /// See [`Owners::claim_compound`].
+    fn claim_compound(&mut self, field: Field, key: &str, plugin: &str) -> Result<(), MergeError>;
+    /// See [`Owners::clear_simple`].
+    fn clear_simple(&mut self, field: Field, plugin: &str);
+    /// See [`Owners::clear_compound`].
+    fn clear_compound(&mut self, field: Field, key: &str, plugin: &str);
+    /// See [`Owners::accumulate`].
+    fn accumulate(&mut self, field: Field, plugin: &str);
+}
+
 /// [`Owners::claim_simple`] on one container's records.
-pub(crate) fn claim_simple(f: &mut api::FieldOwners, field: Field, plugin: &str) -> Result<(), MergeError> {
-    if let Some(other) = f.simple.get(&(field as i32))
-        && let Some(e) = conflict(plugin, other, field, None)
-    {
-        return Err(e);
-    }
-    f.simple.insert(field as i32, plugin.to_string());
-    Ok(())
+pub(crate) fn claim_simple(f: &mut (impl Records + ?Sized), field: Field, plugin: &str) -> Result<(), MergeError> {
+    f.claim_simple(field, plugin)
 }
 
 /// [`Owners::claim_compound`] on one container's records.
 pub(crate) fn claim_compound(
-    f: &mut api::FieldOwners,
+    f: &mut (impl Records + ?Sized),
     field: Field,
     key: &str,
     plugin: &str,
 ) -> Result<(), MergeError> {
-    // Sized for a few plugins' keys up front: growing the map is a large
-    // part of a claim's cost.
-    let m = f.compound.entry(field as i32).or_insert_with(|| {
-        let mut m = api::CompoundFieldOwners::new();
-        m.owners.reserve(16);
-        m
-    });
-    match m.owners.get_mut(key) {
-        Some(other) => match conflict(plugin, other, field, Some(key)) {
-            Some(e) => Err(e),
-            None => {
-                plugin.clone_into(other);
-                Ok(())
-            }
-        },
-        None => {
-            m.owners.insert(key.to_string(), plugin.to_string());
-            Ok(())
-        }
-    }
+    f.claim_compound(field, key, plugin)
 }
 
 /// [`Owners::clear_simple`] on one container's records.
-pub(crate) fn clear_simple(f: &mut api::FieldOwners, field: Field, plugin: &str) {
-    f.simple.insert(field as i32, format!("-{plugin}"));
+pub(crate) fn clear_simple(f: &mut (impl Records + ?Sized), field: Field, plugin: &str) {
+    f.clear_simple(field, plugin)
 }
 
 /// [`Owners::clear_compound`] on one container's records.
-pub(crate) fn clear_compound(f: &mut api::FieldOwners, field: Field, key: &str, plugin: &str) {
-    f.compound
-        .entry(field as i32)
-        .or_default()
-        .owners
-        .insert(key.to_string(), format!("-{plugin}"));
+pub(crate) fn clear_compound(f: &mut (impl Records + ?Sized), field: Field, key: &str, plugin: &str) {
+    f.clear_compound(field, key, plugin)
 }
 
 /// [`Owners::accumulate`] on one container's records.
-pub(crate) fn accumulate(f: &mut api::FieldOwners, field: Field, plugin: &str) {
-    let entry = f.simple.entry(field as i32).or_default();
-    if !entry.is_empty() {
-        entry.push(',');
+pub(crate) fn accumulate(f: &mut (impl Records + ?Sized), field: Field, plugin: &str) {
+    f.accumulate(field, plugin)
+}
+
+impl Records for api::FieldOwners {
+    fn claim_simple(&mut self, field: Field, plugin: &str) -> Result<(), MergeError> {
+        if let Some(other) = self.simple.get(&(field as i32))
+            && let Some(e) = conflict(plugin, other, field, None)
+        {
+            return Err(e);
+        }
+        self.simple.insert(field as i32, plugin.to_string());
+        Ok(())
     }
-    entry.push_str(plugin);
+
+    fn claim_compound(&mut self, field: Field, key: &str, plugin: &str) -> Result<(), MergeError> {
+        let m = self.compound.entry(field as i32).or_default();
+        match m.owners.get_mut(key) {
+            Some(other) => match conflict(plugin, other, field, Some(key)) {
+                Some(e) => Err(e),
+                None => {
+                    plugin.clone_into(other);
+                    Ok(())
+                }
+            },
+            None => {
+                m.owners.insert(key.to_string(), plugin.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    fn clear_simple(&mut self, field: Field, plugin: &str) {
+        self.simple.insert(field as i32, format!("-{plugin}"));
+    }
+
+    fn clear_compound(&mut self, field: Field, key: &str, plugin: &str) {
+        self.compound
+            .entry(field as i32)
+            .or_default()
+            .owners
+            .insert(key.to_string(), format!("-{plugin}"));
+    }
+
+    fn accumulate(&mut self, field: Field, plugin: &str) {
+        let entry = self.simple.entry(field as i32).or_default();
+        if !entry.is_empty() {
+            entry.push(',');
+        }
+        entry.push_str(plugin);
+    }
+}
+
+/// Who owns a field in a [`FieldTable`]: an index into its plugin names,
+/// and whether that plugin cleared (rather than set) the field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    plugin: u16,
+    cleared: bool,
+}
+
+/// Compact ownership records of the container a CreateContainer merge
+/// creates: plugins are interned once, so a claim allocates at most the key
+/// (the protocol message allocates an owner string per claim and hashes the
+/// field number into a map). Converted to `api::FieldOwners` for
+/// validators and reports with [`FieldTable::to_proto`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct FieldTable {
+    plugins: Vec<String>,
+    simple: Vec<(Field, Owner)>,
+    accumulated: Vec<(Field, Vec<u16>)>,
+    /// Every claimed key of every compound field, in claim order. A linear
+    /// scan: a merge sees tens of keys, where hashing and growing a map per
+    /// field cost more than comparing.
+    compound: Vec<(Field, String, Owner)>,
+}
+
+impl FieldTable {
+    /// The plugin's index, interning it on first use. Claims of one
+    /// response come from the plugin interned last: one compare.
+    fn intern(&mut self, plugin: &str) -> u16 {
+        if let Some(i) = self.plugins.iter().rposition(|p| p == plugin) {
+            return i as u16;
+        }
+        self.plugins.push(plugin.to_string());
+        (self.plugins.len() - 1) as u16
+    }
+
+    fn name(&self, o: Owner) -> String {
+        let name = &self.plugins[o.plugin as usize];
+        if o.cleared { format!("-{name}") } else { name.clone() }
+    }
+
+    /// Checks a claim by `plugin` (interned as `me`) against the current
+    /// owner `o`: only the plugin that cleared a field may set it again.
+    fn check(&self, o: Owner, me: u16, plugin: &str, field: Field, key: Option<&str>) -> Result<(), MergeError> {
+        if o.cleared && o.plugin == me {
+            return Ok(());
+        }
+        Err(MergeError::Conflict {
+            plugin: plugin.to_string(),
+            other: self.plugins[o.plugin as usize].clone(),
+            field,
+            key: key.map(str::to_string),
+        })
+    }
+
+    fn key_mut(&mut self, field: Field, key: &str) -> Option<&mut Owner> {
+        self.compound
+            .iter_mut()
+            .find(|(f, k, _)| *f == field && k == key)
+            .map(|(_, _, o)| o)
+    }
+
+    fn set_key(&mut self, field: Field, key: &str, o: Owner) {
+        match self.key_mut(field, key) {
+            Some(cur) => *cur = o,
+            None => self.push_key(field, key, o),
+        }
+    }
+
+    /// Adds a key known to be absent.
+    fn push_key(&mut self, field: Field, key: &str, o: Owner) {
+        if self.compound.capacity() == 0 {
+            self.compound.reserve(16);
+        }
+        self.compound.push((field, key.to_string(), o));
+    }
+
+    fn set_simple(&mut self, field: Field, o: Owner) {
+        match self.simple.iter_mut().find(|(f, _)| *f == field) {
+            Some((_, cur)) => *cur = o,
+            None => self.simple.push((field, o)),
+        }
+    }
+
+    /// The records as the protocol message (owner strings `IDX-NAME`,
+    /// `-IDX-NAME` when cleared, `A,B` when accumulated).
+    pub(crate) fn to_proto(&self) -> api::FieldOwners {
+        let mut f = api::FieldOwners::new();
+        for (field, o) in &self.simple {
+            f.simple.insert(*field as i32, self.name(*o));
+        }
+        for (field, ps) in &self.accumulated {
+            let names: Vec<&str> = ps.iter().map(|p| self.plugins[*p as usize].as_str()).collect();
+            f.simple.insert(*field as i32, names.join(","));
+        }
+        for (field, key, o) in &self.compound {
+            f.compound
+                .entry(*field as i32)
+                .or_default()
+                .owners
+                .insert(key.clone(), self.name(*o));
+        }
+        f
+    }
+}
+
+impl Records for FieldTable {
+    fn claim_simple(&mut self, field: Field, plugin: &str) -> Result<(), MergeError> {
+        let me = self.intern(plugin);
+        if let Some((_, o)) = self.simple.iter().find(|(f, _)| *f == field) {
+            self.check(*o, me, plugin, field, None)?;
+        }
+        self.set_simple(
+            field,
+            Owner {
+                plugin: me,
+                cleared: false,
+            },
+        );
+        Ok(())
+    }
+
+    fn claim_compound(&mut self, field: Field, key: &str, plugin: &str) -> Result<(), MergeError> {
+        let me = self.intern(plugin);
+        let owner = Owner {
+            plugin: me,
+            cleared: false,
+        };
+        match self.key_mut(field, key) {
+            Some(cur) => {
+                let o = *cur;
+                self.check(o, me, plugin, field, Some(key))?;
+                // `check` borrowed the table; look the key up again.
+                if let Some(cur) = self.key_mut(field, key) {
+                    *cur = owner;
+                }
+            }
+            None => self.push_key(field, key, owner),
+        }
+        Ok(())
+    }
+
+    fn clear_simple(&mut self, field: Field, plugin: &str) {
+        let me = self.intern(plugin);
+        self.set_simple(
+            field,
+            Owner {
+                plugin: me,
+                cleared: true,
+            },
+        );
+    }
+
+    fn clear_compound(&mut self, field: Field, key: &str, plugin: &str) {
+        let me = self.intern(plugin);
+        self.set_key(
+            field,
+            key,
+            Owner {
+                plugin: me,
+                cleared: true,
+            },
+        );
+    }
+
+    fn accumulate(&mut self, field: Field, plugin: &str) {
+        let me = self.intern(plugin);
+        match self.accumulated.iter_mut().find(|(f, _)| *f == field) {
+            Some((_, ps)) => ps.push(me),
+            None => self.accumulated.push((field, vec![me])),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// One recorded operation: kind (0 claim simple, 1 claim compound,
+    /// 2 clear simple, 3 clear compound, 4 accumulate), field, key, plugin.
+    fn op() -> impl Strategy<Value = (u8, u8, &'static str, &'static str)> {
+        (
+            0u8..5,
+            0u8..3,
+            prop::sample::select(vec!["A", "B", "C"]),
+            prop::sample::select(vec!["10-a", "20-b", "30-c"]),
+        )
+    }
+
+    fn field(i: u8, kind: u8) -> Field {
+        if kind == 4 {
+            return Field::OciHooks;
+        }
+        [Field::Env, Field::Mounts, Field::CPUShares][i as usize]
+    }
+
+    fn run(r: &mut dyn Records, ops: &[(u8, u8, &str, &str)]) -> Vec<Result<(), MergeError>> {
+        ops.iter()
+            .map(|&(kind, f, key, plugin)| {
+                let f = field(f, kind);
+                match kind {
+                    0 => return r.claim_simple(f, plugin),
+                    1 => return r.claim_compound(f, key, plugin),
+                    2 => r.clear_simple(f, plugin),
+                    3 => r.clear_compound(f, key, plugin),
+                    _ => r.accumulate(f, plugin),
+                }
+                Ok(())
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// The compact table decides every claim exactly as the protocol
+        /// records do (same conflicts, same error texts) and converts to
+        /// the same message.
+        #[test]
+        fn field_table_matches_protocol_records(ops in prop::collection::vec(op(), 0..40)) {
+            let mut proto = api::FieldOwners::new();
+            let mut table = FieldTable::default();
+            let want = run(&mut proto, &ops);
+            let got = run(&mut table, &ops);
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(table.to_proto(), proto);
+        }
+    }
 
     #[test]
     fn claims_conflict_clears_allow_only_the_clearer() {

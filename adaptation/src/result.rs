@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use nri_proto::api::{self, Field};
 use protobuf::MessageField;
 
-use crate::owners::{self, Owners};
+use crate::owners::{self, FieldTable, Owners, Records};
 
 /// Conflicting or disallowed plugin adjustments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,6 +98,43 @@ fn empty_adjustment() -> api::ContainerAdjustment {
     a
 }
 
+/// A finished CreateContainer merge, split for validation.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    /// The merged response.
+    pub response: api::CreateContainerResponse,
+    /// The container before any plugin changed it.
+    pub pristine: api::Container,
+    /// Who set what.
+    pub owners: PendingOwners,
+    /// The pod of the request.
+    pub pod: api::PodSandbox,
+}
+
+/// Owners of a finished CreateContainer merge, not yet in protocol form.
+#[derive(Debug)]
+pub(crate) struct PendingOwners {
+    id: String,
+    created: FieldTable,
+    others: Owners,
+}
+
+impl PendingOwners {
+    /// The records as validators receive them.
+    pub(crate) fn into_owners(self) -> Owners {
+        let mut o = self.others;
+        o.set(&self.id, self.created.to_proto());
+        o
+    }
+
+    /// [`PendingOwners::into_owners`] of a copy.
+    pub(crate) fn to_owners(&self) -> Owners {
+        let mut o = self.others.clone();
+        o.set(&self.id, self.created.to_proto());
+        o
+    }
+}
+
 /// Accumulates the CreateContainer responses of all plugins.
 #[derive(Debug, Clone)]
 pub struct CreateResult {
@@ -107,7 +144,7 @@ pub struct CreateResult {
     updates: Updates,
     /// Owners of the created container's fields (kept apart from `owners`
     /// so the hot path does not hash the container id for every claim).
-    own: api::FieldOwners,
+    own: FieldTable,
     /// Owners of other containers' fields (updates).
     owners: Owners,
 }
@@ -134,7 +171,7 @@ impl CreateResult {
             pristine,
             reply: empty_adjustment(),
             updates: Updates::default(),
-            own: api::FieldOwners::new(),
+            own: FieldTable::default(),
             owners: Owners::new(),
         }
     }
@@ -154,7 +191,7 @@ impl CreateResult {
     /// Ownership records so far (a copy).
     pub fn owners(&self) -> Owners {
         let mut o = self.owners.clone();
-        o.set(&self.request.container.id, self.own.clone());
+        o.set(&self.request.container.id, self.own.to_proto());
         o
     }
 
@@ -197,14 +234,28 @@ impl CreateResult {
 
     /// Splits into (response, pristine container, owners).
     pub fn into_parts(self) -> (api::CreateContainerResponse, api::Container, Owners) {
-        let rsp = api::CreateContainerResponse {
-            adjust: MessageField::some(self.reply),
-            update: self.updates.list,
-            ..Default::default()
-        };
-        let mut owners = self.owners;
-        owners.set(&self.request.container.id, self.own);
-        (rsp, self.pristine, owners)
+        let f = self.finish();
+        (f.response, f.pristine, f.owners.into_owners())
+    }
+
+    /// [`CreateResult::into_parts`] with the pod, and the owners still in merge form:
+    /// building the protocol message costs as much as a plugin's merge,
+    /// and only validators and reports need it.
+    pub(crate) fn finish(mut self) -> Finished {
+        Finished {
+            response: api::CreateContainerResponse {
+                adjust: MessageField::some(self.reply),
+                update: self.updates.list,
+                ..Default::default()
+            },
+            pristine: self.pristine,
+            owners: PendingOwners {
+                id: std::mem::take(&mut self.request.container.mut_or_insert_default().id),
+                created: self.own,
+                others: self.owners,
+            },
+            pod: self.request.pod.take().unwrap_or_default(),
+        }
     }
 
     fn adjust(&mut self, plugin: &str, a: api::ContainerAdjustment) -> Result<(), MergeError> {
@@ -255,7 +306,7 @@ impl CreateResult {
             return Ok(());
         }
         let (dels, sets) = split_map(m);
-        let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
+        let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
         for (k, v) in sets {
             let ctr = &mut self.request.container.mut_or_insert_default().annotations;
             if dels.contains(&k) {
@@ -270,7 +321,7 @@ impl CreateResult {
         }
         // Removal-only keys reach the runtime as markers; ownership and the
         // request are left alone (upstream).
-        for k in dels.difference(&set_keys) {
+        for k in &removal_only {
             self.reply.annotations.insert(format!("-{k}"), String::new());
         }
         Ok(())
@@ -281,7 +332,7 @@ impl CreateResult {
             return Ok(());
         }
         let (dels, sets) = split_map(m);
-        let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
+        let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
         for (k, v) in sets {
             if dels.contains(&k) {
                 owners::clear_compound(&mut self.own, Field::Sysctl, &k, plugin);
@@ -292,7 +343,7 @@ impl CreateResult {
             self.ctr_linux().sysctl.insert(k.clone(), v.clone());
             self.reply_linux().sysctl.insert(k, v);
         }
-        for k in dels.difference(&set_keys) {
+        for k in &removal_only {
             self.reply_linux().sysctl.insert(format!("-{k}"), String::new());
         }
         Ok(())
@@ -307,7 +358,7 @@ impl CreateResult {
             return Ok(());
         }
         let (dels, sets) = split_map(m);
-        let set_keys: BTreeSet<String> = sets.keys().cloned().collect();
+        let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
         for (k, v) in sets {
             if dels.contains(&k) {
                 owners::clear_compound(&mut self.own, Field::LinuxNetDevices, &k, plugin);
@@ -320,7 +371,7 @@ impl CreateResult {
             self.ctr_linux().net_devices.insert(k.clone(), v.clone());
             self.reply_linux().net_devices.insert(k, v);
         }
-        for k in dels.difference(&set_keys) {
+        for k in &removal_only {
             self.reply_linux()
                 .net_devices
                 .insert(format!("-{k}"), api::LinuxNetDevice::new());
@@ -356,18 +407,16 @@ impl CreateResult {
                 !removed
             });
         }
-        let mods: Vec<&str> = add.iter().map(|m| m.destination.as_str()).collect();
+        let mods = |k: &str| add.iter().any(|m| m.destination == k);
         let ctr = self.request.container.mut_or_insert_default();
         ctr.mounts
-            .retain(|m| !del.contains_key(&m.destination) && !mods.contains(&m.destination.as_str()));
+            .retain(|m| !del.contains_key(&m.destination) && !mods(&m.destination));
         for m in &add {
             owners::claim_compound(&mut self.own, Field::Mounts, &m.destination, plugin)?;
         }
         let markers: Vec<api::Mount> = del
             .into_iter()
-            .filter(|(key, m)| {
-                !mods.contains(&key.as_str()) && !self.reply.mounts.iter().any(|x| x.destination == m.destination)
-            })
+            .filter(|(key, m)| !mods(key) && !self.reply.mounts.iter().any(|x| x.destination == m.destination))
             .map(|(_, m)| m)
             .collect();
         let ctr = self.request.container.mut_or_insert_default();
@@ -396,10 +445,10 @@ impl CreateResult {
         for path in cleared {
             owners::clear_compound(&mut self.own, Field::Devices, &path, plugin);
         }
-        let mods: Vec<&str> = add.iter().map(|d| d.path.as_str()).collect();
+        let mods = |k: &str| add.iter().any(|d| d.path == k);
         self.ctr_linux()
             .devices
-            .retain(|d| !del.contains_key(&d.path) && !mods.contains(&d.path.as_str()));
+            .retain(|d| !del.contains_key(&d.path) && !mods(&d.path));
         for d in &add {
             owners::claim_compound(&mut self.own, Field::Devices, &d.path, plugin)?;
             self.reply_linux().devices.push(d.clone());
@@ -408,7 +457,7 @@ impl CreateResult {
         // original device too.
         for (key, d) in &del {
             let reply = self.reply_linux();
-            if !mods.contains(&key.as_str()) && !reply.devices.iter().any(|x| x.path == d.path) {
+            if !mods(key) && !reply.devices.iter().any(|x| x.path == d.path) {
                 reply.devices.push(d.clone());
             }
         }
@@ -431,11 +480,11 @@ impl CreateResult {
                 !removed
             });
         }
-        let mods: Vec<&str> = add.iter().map(|e| e.key.as_str()).collect();
+        let mods = |k: &str| add.iter().any(|e| e.key == k);
         let ctr = self.request.container.mut_or_insert_default();
         ctr.env.retain(|e| {
             let k = env_key(e);
-            !del.contains_key(k) && !mods.contains(&k)
+            !del.contains_key(k) && !mods(k)
         });
         for e in &add {
             owners::claim_compound(&mut self.own, Field::Env, &e.key, plugin)?;
@@ -443,7 +492,7 @@ impl CreateResult {
         // Fix of upstream: forward the removal of an original variable.
         let markers: Vec<api::KeyValue> = del
             .into_iter()
-            .filter(|(key, e)| !mods.contains(&key.as_str()) && !self.reply.env.iter().any(|x| x.key == e.key))
+            .filter(|(key, e)| !mods(key) && !self.reply.env.iter().any(|x| x.key == e.key))
             .map(|(_, e)| e)
             .collect();
         let ctr = self.request.container.mut_or_insert_default();
@@ -684,7 +733,7 @@ fn split_keyed<T>(items: Vec<T>, key: impl Fn(&T) -> &String) -> (BTreeMap<Strin
 }
 
 fn merge_memory(
-    mut owners: Option<&mut api::FieldOwners>,
+    mut owners: Option<&mut dyn Records>,
     plugin: &str,
     m: &api::LinuxMemory,
     target: &mut api::LinuxMemory,
@@ -711,7 +760,7 @@ fn merge_memory(
 }
 
 fn merge_cpu(
-    mut owners: Option<&mut api::FieldOwners>,
+    mut owners: Option<&mut dyn Records>,
     plugin: &str,
     c: &api::LinuxCPU,
     target: &mut api::LinuxCPU,

@@ -4,7 +4,7 @@
 //! merge, no socket) and plugin processes over the socket.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use nri_benches::{adaptation, bench_request, sibling_bin, spawn_plugins};
+use nri_benches::{adaptation, bench_request, sibling_bin, slot_response, spawn_plugins};
 
 fn merge(c: &mut Criterion) {
     // A current-thread runtime, as the shim daemon uses: on these 2-core
@@ -20,6 +20,12 @@ fn merge(c: &mut Criterion) {
         bin.display()
     );
     let mut group = c.benchmark_group("merge");
+    // The workload's own share of `in_process/8`: a fresh request and the
+    // eight responses the builtin plugins clone. No adaptation code runs.
+    let responses: Vec<_> = (0..8).map(slot_response).collect();
+    group.bench_function("floor/8", |b| {
+        b.iter(|| std::hint::black_box((bench_request(), responses.clone())))
+    });
     for n in [1usize, 2, 4, 8] {
         let slots: Vec<Option<usize>> = (0..n).map(Some).collect();
         let dir = tempfile::tempdir().unwrap();
