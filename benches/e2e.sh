@@ -19,13 +19,14 @@ median_run() { # DIR RUNTIME LABEL
         local s e
         s=$(date +%s%N)
         ctr -a "$t/containerd.sock" run --rm --fifo-dir "$t/fifo" --runtime "$rt" \
-            --rootfs "$t/rootfs" "bench-$i" /bin/true
+            --rootfs "$t/rootfs" "bench-$i" /bin/true >&2
         e=$(date +%s%N)
         times+=($(( (e - s) / 1000 )))
     done
     local med
     med=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    printf '%-40s median %6.1f ms over %d runs\n' "$label" "$(echo "$med / 1000" | bc -l)" "$N"
+    # The figure to the terminal (stderr), the number to the caller.
+    printf '%-40s median %6.1f ms over %d runs\n' "$label" "$(echo "$med / 1000" | bc -l)" "$N" >&2
     echo "$med"
 }
 
@@ -48,9 +49,9 @@ trap 'for d in "$A" "$B" "$C"; do nri_containerd_stop "$d"; rm -rf "$d"; done' E
 setup "$A" 0; setup "$B" 0; setup "$C" 2
 # Warm-up: page cache, and the nri-shim daemons come up.
 for d in "$A" "$B" "$C"; do ctr -a "$d/containerd.sock" run --rm --fifo-dir "$d/fifo" --runtime io.containerd.nri-shim.v2 --rootfs "$d/rootfs" warm /bin/true; done
-ra=$(median_run "$A" io.containerd.runc.v2 "(a) runc v2 shim" | tee /dev/stderr | tail -1)
-rb=$(median_run "$B" io.containerd.nri-shim.v2 "(b) nri-shim, no plugins" | tee /dev/stderr | tail -1)
-rc=$(median_run "$C" io.containerd.nri-shim.v2 "(c) nri-shim, 2 plugin processes" | tee /dev/stderr | tail -1)
+ra=$(median_run "$A" io.containerd.runc.v2 "(a) runc v2 shim")
+rb=$(median_run "$B" io.containerd.nri-shim.v2 "(b) nri-shim, no plugins")
+rc=$(median_run "$C" io.containerd.nri-shim.v2 "(c) nri-shim, 2 plugin processes")
 printf 'ratio (b)/(a) %.2f   (c)/(a) %.2f\n' "$(echo "$rb / $ra" | bc -l)" "$(echo "$rc / $ra" | bc -l)"
 # RSS of the daemon with 20 running containers.
 for i in $(seq 1 20); do
