@@ -238,6 +238,29 @@ pub async fn spawn_plugins(bin: &Path, nri: &Adaptation, sock: &Path, slots: &[O
     procs
 }
 
+/// The echo side of the `dispatch/floor` benchmark: reads 4-byte big-endian
+/// length-prefixed messages from the unix socket at `path` and answers each
+/// with an empty message (length 0).
+///
+/// # Errors
+/// Connecting, reading or writing failed (EOF ends it with `Ok`).
+pub async fn echo(path: &str) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(path).await?;
+    let mut buf = Vec::new();
+    loop {
+        let mut len = [0u8; 4];
+        match s.read_exact(&mut len).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        buf.resize(u32::from_be_bytes(len) as usize, 0);
+        s.read_exact(&mut buf).await?;
+        s.write_all(&0u32.to_be_bytes()).await?;
+    }
+}
+
 /// Path of a binary of this package next to the running bench executable.
 pub fn sibling_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

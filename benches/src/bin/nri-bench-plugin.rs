@@ -1,6 +1,10 @@
 //! The plugin process of the benchmarks: answers CreateContainer with an
 //! empty response or with slot `--slot N`'s adjustment.
 //! Usage: `nri-bench-plugin --socket PATH --idx NN --name NAME [--slot N]`.
+//!
+//! `nri-bench-plugin --echo PATH` is the floor of `dispatch`: it connects to
+//! PATH and answers every length-prefixed message with an empty one, no
+//! ttrpc, protobuf or mux in between.
 
 use nri_benches::BenchPlugin;
 use nri_stub::{EventMask, Stub};
@@ -8,6 +12,13 @@ use nri_stub::{EventMask, Stub};
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1);
+    if std::env::args().nth(1).as_deref() == Some("--echo") {
+        let path = std::env::args().nth(2).expect("--echo PATH");
+        if let Err(e) = nri_benches::echo(&path).await {
+            eprintln!("nri-bench-plugin: echo: {e}");
+        }
+        return;
+    }
     let (mut socket, mut idx, mut name, mut slot) = (None, None, None, None);
     while let Some(a) = args.next() {
         match a.as_str() {
