@@ -317,6 +317,31 @@ impl std::str::FromStr for Bytes {
     }
 }
 
+impl fmt::Display for Bytes {
+    /// The count in bytes, and in the largest unit that divides it, for
+    /// error messages: `134217728 (128Mi)`, `-1 (unlimited)`, `4095`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, i64); 8] = [
+            ("Ti", 1 << 40),
+            ("T", 1000_i64.pow(4)),
+            ("Gi", 1 << 30),
+            ("G", 1000_i64.pow(3)),
+            ("Mi", 1 << 20),
+            ("M", 1000_i64.pow(2)),
+            ("Ki", 1 << 10),
+            ("k", 1000),
+        ];
+        let n = self.0;
+        if n == -1 {
+            return f.write_str("-1 (unlimited)");
+        }
+        match UNITS.iter().find(|(_, m)| n > 0 && n % m == 0) {
+            Some((unit, m)) => write!(f, "{n} ({}{unit})", n / m),
+            None => write!(f, "{n}"),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Bytes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
@@ -563,10 +588,34 @@ impl Rule {
                 }
             }
         }
-        if let Some(m) = &a.memory
-            && m.swappiness.is_some_and(|s| s > 100)
-        {
-            return Err(invalid("adjust.memory.swappiness", "must be within 0..=100"));
+        if let Some(m) = &a.memory {
+            // The runtimes take 0 for "not set": the container would run
+            // without the limit the rule asks for.
+            for (f, v) in [("limit", m.limit), ("swap", m.swap)] {
+                if v == Some(Bytes(0)) {
+                    return Err(invalid(
+                        format!("adjust.memory.{f}"),
+                        "0 would mean no limit: must be -1 (unlimited) or a positive byte count",
+                    ));
+                }
+            }
+            // swap is memory plus swap (cgroup v1 memory.memsw.limit_in_bytes),
+            // which the kernel refuses below the memory limit.
+            if let (Some(limit), Some(swap)) = (m.limit, m.swap)
+                && swap.0 != -1
+                && (limit.0 == -1 || swap.0 < limit.0)
+            {
+                return Err(invalid(
+                    "adjust.memory.swap",
+                    format!(
+                        "swap {swap} is below limit {limit}: swap is the memory plus swap limit and must be at least \
+                         the memory limit (or -1, unlimited)"
+                    ),
+                ));
+            }
+            if m.swappiness.is_some_and(|s| s > 100) {
+                return Err(invalid("adjust.memory.swappiness", "must be within 0..=100"));
+            }
         }
         if let Some(p) = &a.pids
             && p.limit < -1
@@ -734,6 +783,51 @@ mod tests {
         ] {
             let e = err(&format!("{HEAD}{adjust}\n"));
             assert!(e.contains("rule 1 (\"r\")") && e.contains(key), "{key:?} not in {e}");
+        }
+    }
+
+    #[test]
+    fn zero_memory_limit_is_refused_naming_rule_and_key() {
+        for limit in ["0", "\"0\"", "\"0Mi\""] {
+            let e = err(&format!("{HEAD}memory = {{ limit = {limit} }}\n"));
+            assert!(
+                e.contains("rule 1 (\"r\")") && e.contains("adjust.memory.limit") && e.contains("-1 (unlimited)"),
+                "{limit}: {e}"
+            );
+        }
+        // Zero swap is "no limit" to the runtime as well.
+        let e = err(&format!("{HEAD}memory = {{ swap = 0 }}\n"));
+        assert!(e.contains("rule 1 (\"r\")") && e.contains("adjust.memory.swap"), "{e}");
+        // Unlimited and positive limits stay valid.
+        for limit in ["-1", "1", "\"128Mi\""] {
+            Config::parse(&format!("{HEAD}memory = {{ limit = {limit} }}\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn swap_below_the_limit_is_refused_naming_both_values() {
+        let e = err(&format!("{HEAD}memory = {{ limit = \"128Mi\", swap = \"64Mi\" }}\n"));
+        assert!(
+            e.contains("rule 1 (\"r\")")
+                && e.contains("adjust.memory.swap")
+                && e.contains("67108864 (64Mi)")
+                && e.contains("134217728 (128Mi)"),
+            "{e}"
+        );
+        // A finite memory+swap limit under an unlimited memory limit.
+        let e = err(&format!("{HEAD}memory = {{ limit = -1, swap = 1000 }}\n"));
+        assert!(
+            e.contains("adjust.memory.swap") && e.contains("1000 (1k)") && e.contains("-1 (unlimited)"),
+            "{e}"
+        );
+        for ok in [
+            "limit = \"128Mi\", swap = \"128Mi\"",
+            "limit = \"128Mi\", swap = \"256Mi\"",
+            "limit = \"128Mi\", swap = -1",
+            "limit = -1, swap = -1",
+            "swap = \"64Mi\"",
+        ] {
+            Config::parse(&format!("{HEAD}memory = {{ {ok} }}\n")).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
     }
 

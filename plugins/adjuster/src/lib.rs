@@ -114,9 +114,9 @@
 //!
 //! | key | type | what |
 //! |---|---|---|
-//! | `limit` | byte count | memory limit |
+//! | `limit` | byte count | memory limit; not `0` (the runtime would take it for "no limit") |
 //! | `reservation` | byte count | soft limit |
-//! | `swap` | byte count | memory plus swap limit |
+//! | `swap` | byte count | memory plus swap limit; not `0`; with a `limit` in the same rule, at least that limit (or `-1`) |
 //! | `swappiness` | integer | 0..=100 |
 //! | `disable_oom_killer` | boolean | disables the OOM killer |
 //!
