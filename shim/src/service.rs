@@ -623,6 +623,13 @@ impl Service {
     }
 
     async fn start_exec(&self, task: &Arc<Task>, proc: &Arc<Proc>) -> Result<u32> {
+        if task.init.status() == Status::Paused {
+            // Joining a frozen cgroup blocks the helper until a resume.
+            return Err(ShimError::FailedPrecondition(format!(
+                "cannot exec in a paused state: task {} is paused",
+                task.id
+            )));
+        }
         if task.init.status() == Status::Stopped {
             return Err(ShimError::FailedPrecondition(format!("task {} is stopped", task.id)));
         }
@@ -854,7 +861,13 @@ impl Service {
                 describe(&task, &proc)
             )));
         };
-        match pidfd.kill(signal) {
+        let sent = pidfd.kill(signal);
+        if sent.is_ok() && signal == libc::SIGKILL && task.init.status() == Status::Paused {
+            // As runc: a frozen task cannot die, so SIGKILL thaws it (and
+            // `ctr task rm -f` of a paused task does not hang).
+            self.thaw_for_kill(&task).await;
+        }
+        match sent {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Err(ShimError::NotFound(format!(
                 "{} has already finished",
@@ -1015,6 +1028,12 @@ impl Service {
     /// bad process spec, [`ShimError::FailedPrecondition`] on a stopped task.
     pub async fn exec(&self, ns: &str, req: task_api::ExecProcessRequest) -> Result<()> {
         let task = self.task(ns, &req.id)?;
+        if task.init.status() == Status::Paused {
+            return Err(ShimError::FailedPrecondition(format!(
+                "cannot exec in a paused state: task {} is paused",
+                req.id
+            )));
+        }
         if task.init.status() == Status::Stopped {
             return Err(ShimError::FailedPrecondition(format!("task {} is stopped", req.id)));
         }
@@ -1097,6 +1116,23 @@ impl Service {
         Ok(pids.into_iter().map(|p| p as u32).collect())
     }
 
+    /// Thaws a paused task that was just sent SIGKILL; it is running
+    /// again until its exit is reaped.
+    async fn thaw_for_kill(&self, task: &Arc<Task>) {
+        let cg = task.cgroups_path.clone();
+        let tid = task.id.clone();
+        match tokio::task::spawn_blocking(move || Cgroup::open(&cg, &tid).and_then(|c| c.freeze(false))).await {
+            Ok(Ok(())) => {
+                let mut st = lock(&task.init.status);
+                if *st == Status::Paused {
+                    *st = Status::Running;
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(task = %task.id, error = %e, "thawing a paused task for SIGKILL failed"),
+            Err(e) => tracing::warn!(task = %task.id, error = %e, "thawing a paused task for SIGKILL failed"),
+        }
+    }
+
     /// Freezes (`pause`) or thaws the task.
     ///
     /// # Errors
@@ -1120,7 +1156,22 @@ impl Service {
         tokio::task::spawn_blocking(move || Cgroup::open(&cg, &tid).and_then(|c| c.freeze(pause)))
             .await
             .map_err(|e| ShimError::Runtime(e.to_string()))??;
-        *lock(&task.init.status) = to;
+        {
+            // The init may have exited (or been killed and thawed) while the
+            // cgroup was being frozen or thawed: never overwrite that.
+            let mut st = lock(&task.init.status);
+            if *st != from {
+                let now = *st;
+                drop(st);
+                if pause {
+                    return Err(ShimError::FailedPrecondition(format!(
+                        "task {id} became {now:?} while being paused"
+                    )));
+                }
+                return Ok(());
+            }
+            *st = to;
+        }
         let (topic, event): (&'static str, Box<dyn protobuf::MessageDyn>) = if pause {
             (
                 topics::PAUSED,

@@ -466,3 +466,62 @@ async fn r6_plugin_refusal_rolls_back_and_the_retry_succeeds() {
     f.service.delete("test", "app", "").await.unwrap();
     f.nri.stop().await;
 }
+
+/// runc's behaviour for paused tasks: exec is refused at once (joining a
+/// frozen cgroup would block), SIGKILL thaws the task so it dies, and a
+/// resume racing a SIGKILL never brings a dead task back to "running".
+#[tokio::test(flavor = "current_thread")]
+async fn paused_task_refuses_exec_and_dies_on_sigkill() {
+    let f = Fixture::new().await;
+    f.create("pz", &["/bin/sleep", "30"]).await.unwrap();
+    f.service.start("test", "pz", "").await.unwrap();
+    f.service.pause("test", "pz", true).await.unwrap();
+    let exec = task_api::ExecProcessRequest {
+        id: "pz".into(),
+        exec_id: "e1".into(),
+        spec: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+            value: serde_json::to_vec(&serde_json::json!({"args": ["/bin/true"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}})).unwrap(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let e = tokio::time::timeout(Duration::from_secs(5), f.service.exec("test", exec))
+        .await
+        .expect("exec in a paused task answers at once")
+        .unwrap_err();
+    assert_eq!(e.code(), ttrpc::Code::FAILED_PRECONDITION, "{e}");
+    assert!(e.to_string().contains("paused"), "{e}");
+    f.service
+        .kill("test", "pz", "", libc::SIGKILL as u32, false)
+        .await
+        .unwrap();
+    let st = tokio::time::timeout(Duration::from_secs(10), f.service.wait("test", "pz", ""))
+        .await
+        .expect("a paused task dies on SIGKILL")
+        .unwrap();
+    assert_eq!(st.exit_status, 137);
+    f.service.delete("test", "pz", "").await.unwrap();
+    assert!(!cgroup_exists("pz"), "cgroup left");
+
+    for i in 0..6 {
+        let id = format!("race{i}");
+        f.create(&id, &["/bin/sleep", "30"]).await.unwrap();
+        f.service.start("test", &id, "").await.unwrap();
+        f.service.pause("test", &id, true).await.unwrap();
+        let (s1, s2, id1, id2) = (f.service.clone(), f.service.clone(), id.clone(), id.clone());
+        let kill = tokio::spawn(async move { s1.kill("test", &id1, "", libc::SIGKILL as u32, false).await });
+        let resume = tokio::spawn(async move { s2.pause("test", &id2, false).await });
+        kill.await.unwrap().unwrap();
+        // A resume that lost the race fails its precondition; never hangs.
+        let _ = resume.await.unwrap();
+        let st = tokio::time::timeout(Duration::from_secs(10), f.service.wait("test", &id, ""))
+            .await
+            .expect("killed task exits")
+            .unwrap();
+        assert_eq!(st.exit_status, 137);
+        let state = f.service.state("test", &id, "").await.unwrap();
+        assert_eq!(state.status, task_api::Status::STOPPED.into(), "{id}");
+        f.service.delete("test", &id, "").await.unwrap();
+    }
+    f.nri.stop().await;
+}
