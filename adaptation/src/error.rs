@@ -38,6 +38,19 @@ impl PluginError {
         !matches!(self, PluginError::Returned { .. })
     }
 
+    /// Classifies the error of a request sent with deadline `timeout`.
+    /// Both ends enforce the deadline: ttrpc's local timer ("deadline
+    /// elapsed") and the plugin's ttrpc server, which answers
+    /// DEADLINE_EXCEEDED ("timeout") when its handler overruns. Whichever
+    /// comes first, it is a timeout, so the failure policy applies.
+    pub(crate) fn from_ttrpc_request(e: ttrpc::Error, timeout: Duration) -> PluginError {
+        match e {
+            ttrpc::Error::Others(m) if m.contains("deadline elapsed") => PluginError::Timeout(timeout),
+            ttrpc::Error::RpcStatus(s) if s.code() == ttrpc::Code::DEADLINE_EXCEEDED => PluginError::Timeout(timeout),
+            other => PluginError::from_ttrpc(other),
+        }
+    }
+
     pub(crate) fn from_ttrpc(e: ttrpc::Error) -> PluginError {
         match e {
             ttrpc::Error::RpcStatus(s) => PluginError::Returned {
@@ -116,4 +129,32 @@ pub enum Error {
     /// The adaptation was stopped (or never started).
     #[error("NRI adaptation is not running")]
     NotRunning,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: ttrpc::Code, msg: &str) -> ttrpc::Error {
+        ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg))
+    }
+
+    /// A plugin whose own ttrpc server answers "timeout" at the deadline
+    /// timed out, exactly like one whose answer never came: the failure
+    /// policy applies (`ignore` drops it) instead of failing the request.
+    #[test]
+    fn both_ends_of_a_deadline_are_a_timeout() {
+        let t = Duration::from_millis(500);
+        for e in [
+            status(ttrpc::Code::DEADLINE_EXCEEDED, "timeout"),
+            ttrpc::Error::Others("Receive packet timeout deadline elapsed".into()),
+        ] {
+            let c = PluginError::from_ttrpc_request(e, t);
+            assert!(matches!(c, PluginError::Timeout(d) if d == t), "{c:?}");
+            assert!(c.is_fatal());
+        }
+        let own = PluginError::from_ttrpc_request(status(ttrpc::Code::INVALID_ARGUMENT, "no"), t);
+        assert!(matches!(own, PluginError::Returned { .. }), "{own:?}");
+        assert!(!own.is_fatal());
+    }
 }

@@ -493,8 +493,7 @@ impl Plugin {
         let ctx = ttrpc::context::with_timeout(timeout.as_nanos() as i64);
         let err = match f(client.clone(), ctx).await {
             Ok(v) => return Ok(v),
-            Err(ttrpc::Error::Others(m)) if m.contains("deadline elapsed") => PluginError::Timeout(timeout),
-            Err(e) => PluginError::from_ttrpc(e),
+            Err(e) => PluginError::from_ttrpc_request(e, timeout),
         };
         if mux.is_closed() && err.is_fatal() {
             return Err(PluginError::Closed);
