@@ -35,6 +35,14 @@
 //! instead name an OCI `config.json` (relative to the scenario file). Like a
 //! runtime, a successful create, start or update step is followed by its
 //! Post event.
+//!
+//! The whole scenario is checked before the first step is sent: pod and
+//! container ids are non-empty and unique, each step is an object with
+//! exactly one key (the action), names a known pod or container and
+//! carries valid NRI JSON. Errors name the entry, e.g. `containers[2]:
+//! empty id` or `steps[3] (start_container): unknown container "x"`
+//! (indexes from 0). The order of the steps is not checked: a plugin can be
+//! sent a lifecycle no runtime would send.
 
 use std::{
     collections::BTreeMap,
@@ -44,7 +52,7 @@ use std::{
 
 use nri_adaptation::{Adaptation, CreateReport, RuntimeState, api, convert, spec};
 use protobuf::{MessageField, MessageFull};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer, de};
 use serde_json::{Value, json};
 
 /// A scenario file.
@@ -57,8 +65,8 @@ pub struct Scenario {
     /// Containers.
     #[serde(default)]
     pub containers: Vec<ContainerDef>,
-    /// Steps, replayed in order.
-    pub steps: Vec<Step>,
+    /// Steps, replayed in order: each an object with one key, a [`Step`].
+    pub steps: Vec<Value>,
 }
 
 /// A container of the scenario.
@@ -91,11 +99,11 @@ pub enum Step {
         /// Pod id.
         pod: String,
         /// New pod resources (NRI `LinuxResources` JSON).
-        #[serde(default)]
-        resources: Option<Value>,
+        #[serde(default, deserialize_with = "de_opt_resources")]
+        resources: Option<api::LinuxResources>,
         /// Pod overhead (NRI `LinuxResources` JSON).
-        #[serde(default)]
-        overhead: Option<Value>,
+        #[serde(default, deserialize_with = "de_opt_overhead")]
+        overhead: Option<api::LinuxResources>,
     },
     /// StopPodSandbox(pod id).
     StopPodSandbox(String),
@@ -110,7 +118,8 @@ pub enum Step {
         /// Container id.
         container: String,
         /// Requested resources (NRI `LinuxResources` JSON).
-        resources: Value,
+        #[serde(deserialize_with = "de_resources")]
+        resources: api::LinuxResources,
     },
     /// StopContainer.
     StopContainer(String),
@@ -155,6 +164,33 @@ pub enum ScenarioError {
     },
 }
 
+/// Field `field` of a step, NRI JSON of message `M`. The error shows the
+/// JSON its position refers to.
+fn step_msg<M: MessageFull>(field: &str, v: &Value) -> Result<M, String> {
+    let text = v.to_string();
+    protobuf_json_mapping::parse_from_str(&text)
+        .map_err(|e| format!("{field} {text} is not NRI {} JSON: {e}", M::descriptor().name()))
+}
+
+fn de_resources<'de, D: Deserializer<'de>>(d: D) -> Result<api::LinuxResources, D::Error> {
+    step_msg("resources", &Value::deserialize(d)?).map_err(de::Error::custom)
+}
+
+fn de_opt_msg<'de, D: Deserializer<'de>>(field: &str, d: D) -> Result<Option<api::LinuxResources>, D::Error> {
+    Option::<Value>::deserialize(d)?
+        .map(|v| step_msg(field, &v))
+        .transpose()
+        .map_err(de::Error::custom)
+}
+
+fn de_opt_resources<'de, D: Deserializer<'de>>(d: D) -> Result<Option<api::LinuxResources>, D::Error> {
+    de_opt_msg("resources", d)
+}
+
+fn de_opt_overhead<'de, D: Deserializer<'de>>(d: D) -> Result<Option<api::LinuxResources>, D::Error> {
+    de_opt_msg("overhead", d)
+}
+
 fn parse_msg<M: MessageFull>(what: &str, v: &Value) -> Result<M, ScenarioError> {
     protobuf_json_mapping::parse_from_str(&v.to_string()).map_err(|e| ScenarioError::Object {
         what: what.to_string(),
@@ -190,25 +226,38 @@ pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
     let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
     let sc: Scenario = serde_json::from_str(&text).map_err(|e| file_err(e.to_string()))?;
     let base = path.parent().unwrap_or(Path::new("."));
+    let object_err = |what: String, reason: String| ScenarioError::Object { what, reason };
     let mut pods = BTreeMap::new();
+    let mut pod_at = BTreeMap::new();
     for (i, p) in sc.pods.iter().enumerate() {
-        let pod: api::PodSandbox = parse_msg(&format!("pods[{i}]"), p)?;
+        let what = format!("pods[{i}]");
+        let pod: api::PodSandbox = parse_msg(&what, p)?;
         if pod.id.is_empty() {
-            return Err(ScenarioError::Object {
-                what: format!("pods[{i}]"),
-                reason: "missing id".into(),
-            });
+            return Err(object_err(what, "empty id".into()));
+        }
+        if let Some(j) = pod_at.insert(pod.id.clone(), i) {
+            return Err(object_err(
+                what,
+                format!("duplicate pod id {:?} (pods[{j}] has it too)", pod.id),
+            ));
         }
         pods.insert(pod.id.clone(), pod);
     }
     let mut containers = BTreeMap::new();
-    for c in &sc.containers {
-        let what = format!("container {}", c.id);
+    let mut container_at = BTreeMap::new();
+    for (i, c) in sc.containers.iter().enumerate() {
+        if c.id.is_empty() {
+            return Err(object_err(format!("containers[{i}]"), "empty id".into()));
+        }
+        if let Some(j) = container_at.insert(c.id.clone(), i) {
+            return Err(object_err(
+                format!("containers[{i}]"),
+                format!("duplicate container id {:?} (containers[{j}] has it too)", c.id),
+            ));
+        }
+        let what = format!("containers[{i}] {:?}", c.id);
         if !pods.contains_key(&c.pod) {
-            return Err(ScenarioError::Object {
-                what,
-                reason: format!("unknown pod {:?}", c.pod),
-            });
+            return Err(object_err(what, format!("unknown pod {:?}", c.pod)));
         }
         let name = c.name.clone().unwrap_or_else(|| c.id.clone());
         let (ctr, spec) = match (&c.container, &c.config) {
@@ -223,43 +272,56 @@ pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
             }
             (None, Some(cfg)) => {
                 let file = base.join(cfg);
-                let text = std::fs::read_to_string(&file).map_err(|e| ScenarioError::Object {
-                    what: what.clone(),
-                    reason: format!("{}: {e}", file.display()),
-                })?;
-                let spec: oci_spec::runtime::Spec = serde_json::from_str(&text).map_err(|e| ScenarioError::Object {
-                    what: what.clone(),
-                    reason: format!("{}: {e}", file.display()),
-                })?;
+                let text = std::fs::read_to_string(&file)
+                    .map_err(|e| object_err(what.clone(), format!("{}: {e}", file.display())))?;
+                let spec: oci_spec::runtime::Spec = serde_json::from_str(&text)
+                    .map_err(|e| object_err(what.clone(), format!("{}: {e}", file.display())))?;
                 (convert::container_from_spec(&c.id, &c.pod, &name, &spec), Some(spec))
             }
             _ => {
-                return Err(ScenarioError::Object {
+                return Err(object_err(
                     what,
-                    reason: "give exactly one of \"container\" or \"config\"".into(),
-                });
+                    "give exactly one of \"container\" or \"config\"".into(),
+                ));
             }
         };
         containers.insert(c.id.clone(), (ctr, spec));
     }
-    for s in &sc.steps {
-        let (action, target) = s.action();
-        let known = if action.ends_with("pod_sandbox") {
-            pods.contains_key(target)
+    let mut steps = Vec::with_capacity(sc.steps.len());
+    for (i, v) in sc.steps.iter().enumerate() {
+        let keys: Vec<&str> = match v {
+            Value::Object(m) => m.keys().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        let [action] = keys[..] else {
+            let found = match v {
+                Value::Object(_) => format!("{} keys: {}", keys.len(), keys.join(", ")),
+                other => other.to_string(),
+            };
+            return Err(object_err(
+                format!("steps[{i}]"),
+                format!(
+                    "a step must have exactly one key, the action, e.g. {{\"create_container\": \"c1\"}}; found {found}"
+                ),
+            ));
+        };
+        let what = format!("steps[{i}] ({action})");
+        let step = Step::deserialize(v).map_err(|e| object_err(what.clone(), e.to_string()))?;
+        let (action, target) = step.action();
+        let (kind, known) = if action.ends_with("pod_sandbox") {
+            ("pod", pods.contains_key(target))
         } else {
-            containers.contains_key(target)
+            ("container", containers.contains_key(target))
         };
         if !known {
-            return Err(ScenarioError::Object {
-                what: format!("step {action}"),
-                reason: format!("unknown target {target:?}"),
-            });
+            return Err(object_err(what, format!("unknown {kind} {target:?}")));
         }
+        steps.push(step);
     }
     Ok(Loaded {
         pods,
         containers,
-        steps: sc.steps,
+        steps,
     })
 }
 
@@ -408,14 +470,8 @@ async fn run_step(
                 pod: MessageField::some(pod_of(pod)),
                 ..Default::default()
             };
-            if let Some(r) = resources {
-                req.linux_resources =
-                    MessageField::some(parse_msg("update_pod_sandbox.resources", r).map_err(|x| x.to_string())?);
-            }
-            if let Some(r) = overhead {
-                req.overhead_linux_resources =
-                    MessageField::some(parse_msg("update_pod_sandbox.overhead", r).map_err(|x| x.to_string())?);
-            }
+            req.linux_resources = resources.clone().into();
+            req.overhead_linux_resources = overhead.clone().into();
             nri.update_pod_sandbox(&req).await.map_err(e)?;
             nri.post_update_pod_sandbox(&pod_of(pod)).await.map_err(e)?;
         }
@@ -465,9 +521,7 @@ async fn run_step(
             let req = api::UpdateContainerRequest {
                 pod: MessageField::some(pod.clone()),
                 container: MessageField::some(ctr.clone()),
-                linux_resources: MessageField::some(
-                    parse_msg("update_container.resources", resources).map_err(|x| x.to_string())?,
-                ),
+                linux_resources: MessageField::some(resources.clone()),
                 ..Default::default()
             };
             let updates = nri.update_container(req).await.map_err(e)?;
@@ -498,4 +552,160 @@ async fn run_step(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PODS: &str = r#""pods": [{"id": "p1", "name": "web"}]"#;
+    const CONTAINERS: &str = r#""containers": [{"id": "c1", "pod": "p1", "container": {}}]"#;
+
+    fn load_str(json: &str) -> Result<Loaded, ScenarioError> {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s.json");
+        std::fs::write(&f, json).unwrap();
+        load(&f)
+    }
+
+    fn load_err(json: &str) -> String {
+        match load_str(json) {
+            Ok(_) => panic!("accepted: {json}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A scenario with the pod p1 and container c1 and these steps.
+    fn with_steps(steps: &str) -> String {
+        format!("{{{PODS}, {CONTAINERS}, \"steps\": [{steps}]}}")
+    }
+
+    #[test]
+    fn example_scenarios_load_with_their_payloads_parsed() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/scenarios");
+        for f in ["basic.json", "conflict.json"] {
+            load(&dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        }
+        let l = load(&dir.join("basic.json")).unwrap();
+        let shares = l.steps.iter().find_map(|s| match s {
+            Step::UpdateContainer { resources, .. } => Some(resources.cpu.shares.value),
+            _ => None,
+        });
+        assert_eq!(shares, Some(512));
+    }
+
+    #[test]
+    fn duplicate_ids_are_refused_naming_the_id_and_the_list() {
+        let e = load_err(r#"{"pods": [{"id": "p1"}, {"id": "p2"}, {"id": "p1"}], "containers": [], "steps": []}"#);
+        assert!(
+            e.contains("pods[2]") && e.contains("duplicate pod id \"p1\"") && e.contains("pods[0]"),
+            "{e}"
+        );
+        let e = load_err(&format!(
+            r#"{{{PODS}, "containers": [{{"id": "c1", "pod": "p1", "container": {{}}}},
+                                        {{"id": "c1", "pod": "p1", "container": {{}}}}], "steps": []}}"#
+        ));
+        assert!(
+            e.contains("containers[1]") && e.contains("duplicate container id \"c1\"") && e.contains("containers[0]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn empty_ids_are_refused_naming_the_entry() {
+        let e = load_err(r#"{"pods": [{"id": "p1"}, {"name": "web"}], "steps": []}"#);
+        assert!(e.ends_with("pods[1]: empty id"), "{e}");
+        let e = load_err(&format!(
+            r#"{{{PODS}, "containers": [{{"id": "c1", "pod": "p1", "container": {{}}}},
+                                        {{"id": "c2", "pod": "p1", "container": {{}}}},
+                                        {{"id": "", "pod": "p1", "container": {{}}}}], "steps": []}}"#
+        ));
+        assert!(e.ends_with("containers[2]: empty id"), "{e}");
+        let e = load_err(&format!(
+            r#"{{{PODS}, "containers": [{{"id": "c1", "pod": "", "container": {{}}}}], "steps": []}}"#
+        ));
+        assert!(e.contains("containers[0]") && e.contains("unknown pod \"\""), "{e}");
+    }
+
+    #[test]
+    fn step_payloads_are_parsed_when_the_scenario_is_loaded() {
+        let e = load_err(&with_steps(
+            r#"{"run_pod_sandbox": "p1"}, {"create_container": "c1"},
+               {"update_container": {"container": "c1", "resources": {"cpu": {"shares": "lots"}}}}"#,
+        ));
+        assert!(
+            e.contains("steps[2] (update_container): resources") && e.contains("lots"),
+            "{e}"
+        );
+        let e = load_err(&with_steps(
+            r#"{"run_pod_sandbox": "p1"},
+               {"update_pod_sandbox": {"pod": "p1", "overhead": {"memory": {"colour": 1}}}}"#,
+        ));
+        assert!(
+            e.contains("steps[1] (update_pod_sandbox)") && e.contains("overhead") && e.contains("colour"),
+            "{e}"
+        );
+        let e = load_err(&with_steps(r#"{"update_container": {"container": "c1"}}"#));
+        assert!(
+            e.contains("steps[0] (update_container)") && e.contains("resources"),
+            "{e}"
+        );
+        let e = load_err(&with_steps(
+            r#"{"update_container": {"container": "c1", "resources": {}, "extra": 1}}"#,
+        ));
+        assert!(e.contains("steps[0] (update_container)") && e.contains("extra"), "{e}");
+    }
+
+    #[test]
+    fn unknown_step_targets_name_the_step() {
+        let e = load_err(&with_steps(
+            r#"{"run_pod_sandbox": "p1"}, {"create_container": "c1"}, {"start_container": "c1"},
+               {"start_container": "x"}"#,
+        ));
+        assert!(
+            e.ends_with(r#"steps[3] (start_container): unknown container "x""#),
+            "{e}"
+        );
+        let e = load_err(&with_steps(r#"{"update_pod_sandbox": {"pod": "q"}}"#));
+        assert!(e.ends_with(r#"steps[0] (update_pod_sandbox): unknown pod "q""#), "{e}");
+        // A pod id is not a container id.
+        let e = load_err(&with_steps(r#"{"stop_container": "p1"}"#));
+        assert!(
+            e.ends_with(r#"steps[0] (stop_container): unknown container "p1""#),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_step_has_exactly_one_key() {
+        let e = load_err(&with_steps(
+            r#"{"run_pod_sandbox": "p1"}, {"start_container": "c1", "stop_container": "c1"}"#,
+        ));
+        assert!(
+            e.contains("steps[1]")
+                && e.contains("exactly one key")
+                && e.contains("start_container")
+                && e.contains("stop_container"),
+            "{e}"
+        );
+        for (step, needle) in [
+            ("{}", "exactly one key"),
+            (r#""run_pod_sandbox""#, "exactly one key"),
+            (r#"{"launch_container": "c1"}"#, "launch_container"),
+        ] {
+            let e = load_err(&with_steps(step));
+            assert!(e.contains("steps[0]") && e.contains(needle), "{step}: {e}");
+        }
+    }
+
+    #[test]
+    fn steps_in_any_lifecycle_order_are_accepted() {
+        // Plugin authors replay orders a runtime would not send.
+        let l = load_str(&with_steps(
+            r#"{"remove_container": "c1"}, {"start_container": "c1"}, {"create_container": "c1"},
+               {"create_container": "c1"}, {"stop_pod_sandbox": "p1"}, {"run_pod_sandbox": "p1"}"#,
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(l.steps.len(), 6);
+    }
 }

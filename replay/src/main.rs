@@ -1,7 +1,7 @@
 //! `nri-replay`: see the crate docs (`replay/src/lib.rs`).
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -19,20 +19,20 @@ struct Args {
     /// Socket external plugins connect to.
     #[arg(long, default_value = nri_proto::DEFAULT_SOCKET_PATH)]
     socket_path: PathBuf,
-    /// Launch pre-installed plugins (IDX-NAME executables) from this directory.
+    /// Launch pre-installed plugins (IDX-NAME executables) from this directory (must exist).
     #[arg(long)]
     plugin_path: Option<PathBuf>,
-    /// Drop-in configuration for pre-installed plugins.
+    /// Drop-in configuration for pre-installed plugins: a directory (must exist).
     #[arg(long)]
     plugin_config_path: Option<PathBuf>,
     /// Wait until this many plugins are registered before replaying.
     #[arg(long, default_value_t = 0)]
     wait_plugins: usize,
-    /// How long to wait for them, in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    wait_timeout: f64,
-    /// Per-request plugin timeout, in milliseconds.
-    #[arg(long, default_value_t = 2000)]
+    /// How long to wait for them, in seconds (fractions allowed).
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    wait_timeout: Duration,
+    /// Per-request plugin timeout, in milliseconds (at most a day).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=MAX_REQUEST_TIMEOUT_MS))]
     request_timeout: u64,
     /// Plugins (NAME or IDX-NAME) the default validator requires; enables it.
     #[arg(long = "require-plugin")]
@@ -41,7 +41,41 @@ struct Args {
     scenario: PathBuf,
 }
 
+/// The longest `--request-timeout`: a day. The deadline travels to the
+/// plugin in nanoseconds, as an i64.
+const MAX_REQUEST_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// A number of seconds, `0` or more: `10`, `0.5`, `1e3`.
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !secs.is_finite() {
+        return Err(format!("{s:?} is not a finite number of seconds"));
+    }
+    if secs < 0.0 {
+        return Err(format!("{s:?} is negative: give a number of seconds, 0 or more"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} seconds is too long"))
+}
+
+/// `path`, given with `flag`, must be a directory.
+fn require_dir(flag: &str, path: &Path) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(path).with_context(|| format!("{flag} {}", path.display()))?;
+    if !meta.is_dir() {
+        bail!("{flag} {}: not a directory", path.display());
+    }
+    Ok(())
+}
+
 async fn run(args: Args) -> anyhow::Result<bool> {
+    if let Some(p) = &args.plugin_path {
+        require_dir("--plugin-path", p)?;
+    }
+    if let Some(p) = &args.plugin_config_path {
+        require_dir("--plugin-config-path", p)?;
+    }
     let loaded = load(&args.scenario)?;
     let state = Arc::new(Mutex::new(ReplayState::default()));
     let mut builder = Adaptation::builder("nri-replay", env!("CARGO_PKG_VERSION"))
@@ -62,13 +96,14 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     }
     let nri = runtime_builder(builder, state.clone()).build()?;
     nri.start().await.context("starting the NRI adaptation")?;
-    let deadline = Instant::now() + Duration::from_secs_f64(args.wait_timeout);
+    // No deadline when the wait is too long for the clock to represent.
+    let deadline = Instant::now().checked_add(args.wait_timeout);
     while nri.plugin_names().len() < args.wait_plugins {
-        if Instant::now() > deadline {
+        if deadline.is_some_and(|d| Instant::now() > d) {
             let have = nri.plugin_names();
             nri.stop().await;
             bail!(
-                "only {} of {} plugins registered within {}s: {:?}",
+                "only {} of {} plugins registered within {:?}: {:?}",
                 have.len(),
                 args.wait_plugins,
                 args.wait_timeout,

@@ -203,5 +203,111 @@ fn bad_scenario_fails_with_the_object_named() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("container c1") && err.contains("nope"), "{err}");
+    assert!(err.contains(r#"containers[0] "c1": unknown pod "nope""#), "{err}");
+}
+
+/// Runs nri-replay with `args` on `testdata/scenarios/basic.json`, no plugins.
+fn replay_args(args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.path().join("nri.sock"))
+        .args(args)
+        .arg(testdata("scenarios/basic.json"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn out_of_range_timeouts_are_usage_errors_naming_flag_and_value() {
+    for (flag, value) in [
+        ("--wait-timeout", "1e300"),
+        ("--wait-timeout", "inf"),
+        ("--wait-timeout", "-inf"),
+        ("--wait-timeout", "nan"),
+        ("--wait-timeout", "-1"),
+        ("--wait-timeout", "-0.5"),
+        ("--wait-timeout", "soon"),
+        ("--request-timeout", "0"),
+        ("--request-timeout", "86400001"),
+        ("--request-timeout", "18446744073709551615"),
+    ] {
+        let out = replay_args(&[&format!("{flag}={value}")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}={value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value) && !err.contains("panicked"),
+            "{flag}={value}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{flag}={value}: nothing is replayed");
+    }
+}
+
+#[test]
+fn timeouts_in_range_are_taken() {
+    let out = replay_args(&["--wait-timeout", "0.05", "--request-timeout", "86400000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // A wait too long to have a deadline is no deadline: nothing to wait for here.
+    let out = replay_args(&["--wait-timeout", "1e19"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = replay_args(&["--wait-plugins", "1", "--wait-timeout", "0.05"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("only 0 of 1 plugins registered within 50ms"), "{err}");
+}
+
+#[test]
+fn plugin_directories_given_must_be_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let file = dir.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    for flag in ["--plugin-path", "--plugin-config-path"] {
+        for (path, reason) in [(&missing, "No such file or directory"), (&file, "not a directory")] {
+            let out = replay_args(&[flag, path.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{flag} {}: {err}", path.display());
+            assert!(
+                err.contains(&format!("{flag} {}", path.display())) && err.contains(reason),
+                "{flag} {}: {err}",
+                path.display()
+            );
+            assert!(out.stdout.is_empty(), "{flag} {}: nothing is replayed", path.display());
+        }
+    }
+    // Empty directories are fine: no plugins.
+    let out = replay_args(&[
+        "--plugin-path",
+        dir.path().to_str().unwrap(),
+        "--plugin-config-path",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn an_invalid_later_step_fails_before_the_first_step_is_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad-step.json");
+    std::fs::write(
+        &f,
+        r#"{"pods": [{"id": "p1"}], "containers": [{"id": "c1", "pod": "p1", "container": {}}],
+            "steps": [{"run_pod_sandbox": "p1"}, {"create_container": "c1"},
+                      {"update_container": {"container": "c1", "resources": {"cpu": {"shares": "lots"}}}}]}"#,
+    )
+    .unwrap();
+    let out = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.path().join("nri.sock"))
+        .arg(&f)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("steps[2] (update_container)"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "no step was replayed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
