@@ -282,7 +282,9 @@ struct Inner {
 struct RunState {
     running: bool,
     listener: Option<JoinHandle<()>>,
-    socket_path: Option<PathBuf>,
+    /// The bound socket and its (device, inode): removed at stop only if
+    /// it is still ours, not a successor's that took the path over.
+    socket_path: Option<(PathBuf, (u64, u64))>,
 }
 
 /// Held by a runtime around an operation that must not interleave with the
@@ -407,7 +409,7 @@ impl Adaptation {
         }
         // Running before the listener opens, so an early connection is kept.
         lock(&self.inner.run).running = true;
-        if let Err(e) = self.start_listener() {
+        if let Err(e) = self.start_listener().await {
             lock(&self.inner.run).running = false;
             for p in self.take_plugins() {
                 p.shutdown(Duration::ZERO).await;
@@ -432,7 +434,9 @@ impl Adaptation {
             task.abort();
             let _ = task.await;
         }
-        if let Some(path) = socket {
+        if let Some((path, inode)) = socket
+            && socket_inode(&path) == Some(inode)
+        {
             let _ = std::fs::remove_file(path);
         }
         let wait = self.inner.opts.request_timeout.min(Duration::from_secs(1));
@@ -521,18 +525,18 @@ impl Adaptation {
         }
     }
 
-    fn start_listener(&self) -> Result<(), Error> {
+    async fn start_listener(&self) -> Result<(), Error> {
         if self.inner.opts.disable_connections {
             tracing::info!("NRI external plugin connections disabled");
             return Ok(());
         }
         let path = self.inner.opts.socket_path.clone();
-        let listener = bind_socket(&path)?;
+        let (listener, inode) = bind_socket(&path).await?;
         let weak = Arc::downgrade(&self.inner);
         let task = tokio::spawn(accept_loop(weak, listener));
         let mut run = lock(&self.inner.run);
         run.listener = Some(task);
-        run.socket_path = Some(path);
+        run.socket_path = Some((path, inode));
         Ok(())
     }
 
@@ -1051,8 +1055,21 @@ impl Host for HostRef {
 
 /// Prepares the socket path and listens: parent directory created 0700, a
 /// stale socket (or other file) at the path removed.
-fn bind_socket(path: &std::path::Path) -> Result<UnixListener, Error> {
-    use std::os::unix::fs::DirBuilderExt;
+/// How long a live socket at the configured path may take to go away (a
+/// predecessor handing over) before the path counts as in use.
+const SOCKET_HANDOVER: Duration = Duration::from_secs(2);
+
+fn socket_inode(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Creates the parent directory (0700) and listens on `path`. A stale
+/// socket is replaced (NRI); unlike upstream, a socket somebody still
+/// listens on, or a path that is not a socket, is an error rather than
+/// silently unlinked.
+async fn bind_socket(path: &std::path::Path) -> Result<(UnixListener, (u64, u64)), Error> {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
     let err = |what, source| Error::Socket {
         path: path.to_path_buf(),
         what,
@@ -1065,12 +1082,37 @@ fn bind_socket(path: &std::path::Path) -> Result<UnixListener, Error> {
             .create(dir)
             .map_err(|e| err("cannot create parent directory", e))?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => tracing::info!(path = %path.display(), "removed stale NRI socket"),
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(err(
+                "the path exists and is not a socket",
+                std::io::ErrorKind::AlreadyExists.into(),
+            ));
+        }
+        Ok(_) => {
+            let deadline = tokio::time::Instant::now() + SOCKET_HANDOVER;
+            while std::os::unix::net::UnixStream::connect(path).is_ok() {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(err(
+                        "another process listens on it (another runtime? set a different socket path or disable external connections)",
+                        std::io::ErrorKind::AddrInUse.into(),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            match std::fs::remove_file(path) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed stale NRI socket"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(err("cannot remove stale socket", e)),
+            }
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err("cannot remove stale socket", e)),
+        Err(e) => return Err(err("cannot inspect the path", e)),
     }
-    UnixListener::bind(path).map_err(|e| err("cannot listen", e))
+    let listener = UnixListener::bind(path).map_err(|e| err("cannot listen", e))?;
+    let inode = socket_inode(path)
+        .ok_or_else(|| err("cannot inspect the bound socket", std::io::ErrorKind::NotFound.into()))?;
+    Ok((listener, inode))
 }
 
 async fn accept_loop(inner: Weak<Inner>, listener: UnixListener) {

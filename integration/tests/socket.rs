@@ -78,6 +78,56 @@ async fn r21_stale_socket_is_replaced() {
     nri.stop().await;
 }
 
+/// R21 D: the path is only ever replaced when it is a stale socket: a
+/// regular file there, or a socket another process still listens on (a
+/// second runtime on the default path), fails the start naming the path
+/// and is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r21_live_socket_or_non_socket_at_the_path_is_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file.sock");
+    std::fs::write(&file, "precious").unwrap();
+    let nri = build(dir.path(), &file, false);
+    let text = nri
+        .start()
+        .await
+        .expect_err("a regular file is not a socket")
+        .to_string();
+    assert!(
+        text.contains(&file.display().to_string()) && text.contains("not a socket"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious");
+
+    let socket = dir.path().join("live.sock");
+    let first = build(dir.path(), &socket, false);
+    first.start().await.unwrap();
+    let second = build(dir.path(), &socket, false);
+    let text = second.start().await.expect_err("the socket is in use").to_string();
+    assert!(
+        text.contains(&socket.display().to_string()) && text.contains("listens"),
+        "{text}"
+    );
+    assert!(!second.is_running());
+    assert_external_plugin_works(&first, &socket, &EventLog::new(dir.path().join("l.jsonl"))).await;
+    first.stop().await;
+    assert!(!socket.exists(), "stop removes its own socket");
+}
+
+/// A successor that took the path over keeps its socket when the
+/// predecessor stops (the daemon handover of the shim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_leaves_a_successors_socket_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nri.sock");
+    let old = build(dir.path(), &socket, false);
+    old.start().await.unwrap();
+    std::fs::remove_file(&socket).unwrap();
+    let _successor = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    old.stop().await;
+    assert!(socket.exists(), "the successor's socket was removed");
+}
+
 /// R21 C: when the socket's directory cannot be created, start fails with
 /// an error naming the socket path, never a silently missing socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
