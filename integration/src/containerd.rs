@@ -86,6 +86,8 @@ pub struct Setup<'a> {
     pub plugins: Vec<(&'a str, PathBuf, String)>,
     /// Extra TOML appended to the shim config.
     pub shim_toml: &'a str,
+    /// The daemon's `idle_timeout` (default "2s").
+    pub idle_timeout: &'a str,
 }
 
 impl Containerd {
@@ -145,7 +147,7 @@ plugin_path = "{plugins}"
 plugin_config_path = "{conf}"
 [shim]
 state_root = "{state}"
-idle_timeout = "2s"
+idle_timeout = "{idle}"
 log_level = "debug"
 {extra}
 "#,
@@ -153,6 +155,11 @@ log_level = "debug"
                 plugins = plugin_dir.display(),
                 conf = conf_dir.display(),
                 state = shim_state.display(),
+                idle = if setup.idle_timeout.is_empty() {
+                    "2s"
+                } else {
+                    setup.idle_timeout
+                },
                 extra = setup.shim_toml
             ),
         )

@@ -360,6 +360,29 @@ fn daemon_exits_when_idle() {
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
 }
 
+/// The daemon never exits on idle under a create: creates slower than the
+/// idle time (a slow pre-installed plugin), each `ctr run` started near the
+/// end of the previous idle period.
+#[test]
+fn daemon_stays_up_for_creates_slower_than_its_idle_time() {
+    let slow = serde_json::to_string(&Behaviour {
+        events: Some("CreateContainer".into()),
+        sleep_ms: [("CreateContainer".to_string(), 700)].into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let c = Containerd::start(Setup {
+        plugins: vec![("20-slow", test_plugin(), slow)],
+        idle_timeout: "300ms",
+        ..Default::default()
+    });
+    for i in 0..4u64 {
+        let out = c.run(&format!("ctrd-slow{i}"), &["--rm"], &["/bin/true"]);
+        assert!(out.status.success(), "run {i}: {}\n{}", text(&out), c.shim_log());
+        std::thread::sleep(Duration::from_millis(240 + 20 * i));
+    }
+}
+
 #[test]
 fn oom_kill_is_reported_before_the_exit() {
     let c = Containerd::start(Setup::default());

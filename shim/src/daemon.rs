@@ -228,22 +228,35 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()
         flags.namespace.clone(),
         shutdown.clone(),
     ));
-    let incoming = futures::stream::unfold(listener, |l| async move { Some((l.accept().await.map(|(s, _)| s), l)) });
+    let accepted = service.clone();
+    let incoming = futures::stream::unfold(listener, move |l| {
+        let accepted = accepted.clone();
+        async move {
+            let conn = l.accept().await.map(|(s, _)| s);
+            // `start` probes before printing the address: the client that
+            // follows must find the daemon still here.
+            accepted.touch();
+            Some((conn, l))
+        }
+    });
     let mut server = ttrpc::asynchronous::Server::new()
         .add_listener(ttrpc::asynchronous::transport::Listener::new(incoming))
         .register_service(crate::task::services(task));
     server.start().await.context("start task server")?;
     tracing::info!(socket = %sock.display(), pid = std::process::id(), "nri-shim daemon serving");
 
-    // Idle exit: no tasks and no external NRI plugin for idle_timeout.
+    // Idle exit: no tasks, no task request in flight, no connection or
+    // request, and no external NRI plugin, for idle_timeout.
     let idle = config.shim.idle_timeout;
     let mut idle_since: Option<Instant> = None;
     loop {
-        let busy = service.task_count() > 0 || nri.as_ref().is_some_and(|n| n.has_external_plugins());
-        match (busy, idle_since) {
-            (true, _) => idle_since = None,
-            (false, None) => idle_since = Some(Instant::now()),
-            (false, Some(t)) if t.elapsed() >= idle => break,
+        let quiet = service
+            .idle_for()
+            .filter(|_| !nri.as_ref().is_some_and(|n| n.has_external_plugins()));
+        match (quiet, idle_since) {
+            (None, _) => idle_since = None,
+            (Some(_), None) => idle_since = Some(Instant::now()),
+            (Some(q), Some(t)) if t.elapsed() >= idle && q >= idle => break,
             _ => {}
         }
         let tick = idle.min(Duration::from_secs(1)).max(Duration::from_millis(50));

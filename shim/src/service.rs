@@ -21,7 +21,7 @@ use std::{
         Arc, Mutex, OnceLock, Weak,
         atomic::{AtomicI32, Ordering},
     },
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use containerd_shim_protos::{
@@ -184,6 +184,21 @@ struct Inner {
     creating: Mutex<std::collections::HashSet<Key>>,
     pods: Mutex<HashMap<String, PodRecord>>,
     changed: tokio::sync::Notify,
+    /// Task requests being served.
+    requests: std::sync::atomic::AtomicUsize,
+    /// Last accepted connection or finished request.
+    activity: Mutex<Instant>,
+}
+
+/// A task request in flight (see [`Service::begin_request`]).
+pub struct RequestGuard(Service);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.inner.requests.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.touch();
+        self.0.inner.changed.notify_waiters();
+    }
 }
 
 /// The task service's lifecycle logic.
@@ -217,6 +232,8 @@ impl Service {
                 creating: Mutex::new(Default::default()),
                 pods: Mutex::new(HashMap::new()),
                 changed: tokio::sync::Notify::new(),
+                requests: std::sync::atomic::AtomicUsize::new(0),
+                activity: Mutex::new(Instant::now()),
             }),
         }
     }
@@ -242,6 +259,29 @@ impl Service {
     /// Number of live tasks.
     pub fn task_count(&self) -> usize {
         lock(&self.inner.tasks).len()
+    }
+
+    /// Counts a task request as in flight until the guard drops: a create
+    /// that is still in NRI has no task yet but keeps the daemon busy.
+    pub fn begin_request(&self) -> RequestGuard {
+        self.inner.requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.touch();
+        RequestGuard(self.clone())
+    }
+
+    /// Records activity: an accepted connection (`start` probes the daemon
+    /// before it prints the address containerd connects to next).
+    pub fn touch(&self) {
+        *lock(&self.inner.activity) = Instant::now();
+    }
+
+    /// How long the daemon has had nothing to do: no task, no request in
+    /// flight, no connection or request for that long. `None` while busy.
+    pub fn idle_for(&self) -> Option<Duration> {
+        if self.task_count() > 0 || self.inner.requests.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return None;
+        }
+        Some(lock(&self.inner.activity).elapsed())
     }
 
     /// Waits for the next change of the task table.

@@ -38,6 +38,17 @@ impl TaskService {
         }
     }
 
+    /// Runs one request: counted as in flight (the daemon does not exit
+    /// on idle under it) and panic-guarded.
+    async fn guarded<T>(
+        &self,
+        what: &'static str,
+        fut: impl std::future::Future<Output = Result<T, ShimError>>,
+    ) -> ttrpc::Result<T> {
+        let _busy = self.service.begin_request();
+        guarded(what, fut).await
+    }
+
     fn ns(&self, ctx: &TtrpcContext) -> String {
         ctx.metadata
             .get(NAMESPACE_HEADER)
@@ -88,14 +99,15 @@ impl Task for TaskService {
         req: task_api::CreateTaskRequest,
     ) -> ttrpc::Result<task_api::CreateTaskResponse> {
         if req.checkpoint.is_empty() && req.parent_checkpoint.is_empty() {
-            guarded("Create", self.service.create(&self.ns(ctx), req)).await
+            self.guarded("Create", self.service.create(&self.ns(ctx), req)).await
         } else {
             Err(ShimError::Unimplemented("restoring from a checkpoint is not supported by nri-shim".into()).into())
         }
     }
 
     async fn start(&self, ctx: &TtrpcContext, req: task_api::StartRequest) -> ttrpc::Result<task_api::StartResponse> {
-        guarded("Start", self.service.start(&self.ns(ctx), &req.id, &req.exec_id)).await
+        self.guarded("Start", self.service.start(&self.ns(ctx), &req.id, &req.exec_id))
+            .await
     }
 
     async fn delete(
@@ -103,7 +115,8 @@ impl Task for TaskService {
         ctx: &TtrpcContext,
         req: task_api::DeleteRequest,
     ) -> ttrpc::Result<task_api::DeleteResponse> {
-        guarded("Delete", self.service.delete(&self.ns(ctx), &req.id, &req.exec_id)).await
+        self.guarded("Delete", self.service.delete(&self.ns(ctx), &req.id, &req.exec_id))
+            .await
     }
 
     async fn kill(&self, ctx: &TtrpcContext, req: task_api::KillRequest) -> ttrpc::Result<Empty> {
@@ -117,15 +130,17 @@ impl Task for TaskService {
     }
 
     async fn wait(&self, ctx: &TtrpcContext, req: task_api::WaitRequest) -> ttrpc::Result<task_api::WaitResponse> {
-        guarded("Wait", self.service.wait(&self.ns(ctx), &req.id, &req.exec_id)).await
+        self.guarded("Wait", self.service.wait(&self.ns(ctx), &req.id, &req.exec_id))
+            .await
     }
 
     async fn state(&self, ctx: &TtrpcContext, req: task_api::StateRequest) -> ttrpc::Result<task_api::StateResponse> {
-        guarded("State", self.service.state(&self.ns(ctx), &req.id, &req.exec_id)).await
+        self.guarded("State", self.service.state(&self.ns(ctx), &req.id, &req.exec_id))
+            .await
     }
 
     async fn pids(&self, ctx: &TtrpcContext, req: task_api::PidsRequest) -> ttrpc::Result<task_api::PidsResponse> {
-        let pids = guarded("Pids", self.service.pids(&self.ns(ctx), &req.id)).await?;
+        let pids = self.guarded("Pids", self.service.pids(&self.ns(ctx), &req.id)).await?;
         Ok(task_api::PidsResponse {
             processes: pids
                 .into_iter()
@@ -139,12 +154,14 @@ impl Task for TaskService {
     }
 
     async fn pause(&self, ctx: &TtrpcContext, req: task_api::PauseRequest) -> ttrpc::Result<Empty> {
-        guarded("Pause", self.service.pause(&self.ns(ctx), &req.id, true)).await?;
+        self.guarded("Pause", self.service.pause(&self.ns(ctx), &req.id, true))
+            .await?;
         Ok(Empty::new())
     }
 
     async fn resume(&self, ctx: &TtrpcContext, req: task_api::ResumeRequest) -> ttrpc::Result<Empty> {
-        guarded("Resume", self.service.pause(&self.ns(ctx), &req.id, false)).await?;
+        self.guarded("Resume", self.service.pause(&self.ns(ctx), &req.id, false))
+            .await?;
         Ok(Empty::new())
     }
 
@@ -156,7 +173,7 @@ impl Task for TaskService {
     }
 
     async fn exec(&self, ctx: &TtrpcContext, req: task_api::ExecProcessRequest) -> ttrpc::Result<Empty> {
-        guarded("Exec", self.service.exec(&self.ns(ctx), req)).await?;
+        self.guarded("Exec", self.service.exec(&self.ns(ctx), req)).await?;
         Ok(Empty::new())
     }
 
@@ -171,17 +188,18 @@ impl Task for TaskService {
     }
 
     async fn close_io(&self, ctx: &TtrpcContext, req: task_api::CloseIORequest) -> ttrpc::Result<Empty> {
-        guarded("CloseIO", self.service.close_io(&self.ns(ctx), &req.id, &req.exec_id)).await?;
+        self.guarded("CloseIO", self.service.close_io(&self.ns(ctx), &req.id, &req.exec_id))
+            .await?;
         Ok(Empty::new())
     }
 
     async fn update(&self, ctx: &TtrpcContext, req: task_api::UpdateTaskRequest) -> ttrpc::Result<Empty> {
-        guarded("Update", self.service.update(&self.ns(ctx), req)).await?;
+        self.guarded("Update", self.service.update(&self.ns(ctx), req)).await?;
         Ok(Empty::new())
     }
 
     async fn stats(&self, ctx: &TtrpcContext, req: task_api::StatsRequest) -> ttrpc::Result<task_api::StatsResponse> {
-        guarded("Stats", self.service.stats(&self.ns(ctx), &req.id)).await
+        self.guarded("Stats", self.service.stats(&self.ns(ctx), &req.id)).await
     }
 
     async fn connect(
@@ -189,7 +207,8 @@ impl Task for TaskService {
         ctx: &TtrpcContext,
         req: task_api::ConnectRequest,
     ) -> ttrpc::Result<task_api::ConnectResponse> {
-        guarded("Connect", self.service.connect(&self.ns(ctx), &req.id)).await
+        self.guarded("Connect", self.service.connect(&self.ns(ctx), &req.id))
+            .await
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, _req: task_api::ShutdownRequest) -> ttrpc::Result<Empty> {
