@@ -209,6 +209,26 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Invalid`] naming the key at fault.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config: Config = Self::parse_toml(text, path)?;
+        // The daemon runs in `/`: a relative path would silently mean
+        // something else than where the operator looks.
+        for (key, value) in [
+            ("shim.state_root", &config.shim.state_root),
+            ("nri.socket_path", &config.nri.socket_path),
+            ("nri.plugin_path", &config.nri.plugin_path),
+            ("nri.plugin_config_path", &config.nri.plugin_config_path),
+        ] {
+            if !value.is_absolute() {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!("{key} = {:?}: must be an absolute path", value.display().to_string()),
+                });
+            }
+        }
+        Ok(config)
+    }
+
+    fn parse_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| {
             // One line: "line L, column C: message" (toml's own Display
             // draws the source line over several lines).
@@ -268,6 +288,24 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_paths_are_refused_naming_the_key() {
+        for (toml, key) in [
+            ("[shim]\nstate_root = \"relative/dir\"", "shim.state_root"),
+            ("[nri]\nsocket_path = \"nri.sock\"", "nri.socket_path"),
+            ("[nri]\nplugin_path = \"plugins\"", "nri.plugin_path"),
+            ("[nri]\nplugin_config_path = \"conf.d\"", "nri.plugin_config_path"),
+        ] {
+            let e = Config::parse(toml, Path::new("/etc/nri-shim/config.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(key) && e.contains("absolute") && e.contains("config.toml"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn full_file_parses() {
