@@ -122,7 +122,7 @@ pub fn plugin_config(dir: &Path, idx: &str, base: &str) -> Result<String, (PathB
 ///
 /// # Errors
 /// The socketpair or spawn error.
-pub fn spawn(plugin: &Discovered) -> std::io::Result<(tokio::net::UnixStream, tokio::process::Child)> {
+pub fn spawn(plugin: &Discovered) -> std::io::Result<(tokio::net::UnixStream, PluginProcess)> {
     let (ours, theirs): (OwnedFd, OwnedFd) = socketpair(
         AddressFamily::Unix,
         SockType::Stream,
@@ -143,6 +143,9 @@ pub fn spawn(plugin: &Discovered) -> std::io::Result<(tokio::net::UnixStream, to
         .env(nri_proto::PLUGIN_IDX_ENV, &plugin.idx)
         .env(nri_proto::PLUGIN_SOCKET_ENV, "3")
         .stdin(std::process::Stdio::null())
+        // Its own process group: stopping the plugin also stops whatever
+        // it started (see `Plugin::kill`).
+        .process_group(0)
         .kill_on_drop(true);
     // SAFETY: the closure only calls async-signal-safe dup2/fcntl on fds
     // that stay open in the parent until spawn returns.
@@ -164,7 +167,42 @@ pub fn spawn(plugin: &Discovered) -> std::io::Result<(tokio::net::UnixStream, to
     drop(theirs);
     let std_stream = std::os::unix::net::UnixStream::from(ours);
     let stream = tokio::net::UnixStream::from_std(std_stream)?;
-    Ok((stream, child))
+    Ok((stream, PluginProcess(child)))
+}
+
+/// A launched plugin's process, leader of its own process group. Dropping
+/// it SIGKILLs the group: the plugin and whatever it started, which would
+/// otherwise outlive a plugin that failed or was dropped.
+#[derive(Debug)]
+pub struct PluginProcess(pub tokio::process::Child);
+
+impl PluginProcess {
+    /// The plugin's pid while it has not been reaped.
+    pub fn id(&self) -> Option<u32> {
+        self.0.id()
+    }
+
+    fn kill_group(&self) {
+        if let Some(pid) = self.0.id() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// SIGKILLs the process group and reaps the plugin.
+    pub async fn kill(&mut self) {
+        self.kill_group();
+        let _ = self.0.start_kill();
+        let _ = self.0.wait().await;
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        self.kill_group();
+    }
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub(crate) struct LaunchedIdentity {
     pub base: String,
     pub config: String,
     pub path: std::path::PathBuf,
-    pub child: tokio::process::Child,
+    pub child: crate::launch::PluginProcess,
 }
 
 /// Why a connection never became a usable plugin.
@@ -137,7 +137,8 @@ pub(crate) struct Plugin {
     request_timeout: Duration,
     /// Held across kill and reap, so every caller returns after the
     /// process is gone.
-    child: tokio::sync::Mutex<Option<tokio::process::Child>>,
+    /// A launched plugin's process, which leads its own process group.
+    child: tokio::sync::Mutex<Option<crate::launch::PluginProcess>>,
     host: Arc<dyn Host>,
 }
 
@@ -463,12 +464,12 @@ impl Plugin {
         self.kill().await;
     }
 
-    /// SIGKILLs and reaps a launched plugin process.
+    /// SIGKILLs a launched plugin's process group (the plugin and what it
+    /// started, which would otherwise be orphaned) and reaps the plugin.
     pub async fn kill(&self) {
         let mut guard = self.child.lock().await;
         if let Some(child) = guard.as_mut() {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
+            child.kill().await;
         }
         *guard = None;
     }

@@ -346,3 +346,36 @@ async fn r10_stop_kills_and_reaps_launched_plugins() {
         "launched plugin still there after stop() returned: {left:#?}"
     );
 }
+
+/// A launched plugin leads its own process group: when it is dropped (here
+/// for garbage instead of a registration) what it started dies with it
+/// rather than being orphaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_launched_plugin_takes_its_children_along() {
+    let rt = runtime();
+    let plugins = rt.dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let pid_file = rt.dir.path().join("child.pid");
+    let script = plugins.join("45-garbage");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n/bin/sleep 1000 &\necho $! > {}\necho garbage-garbage >&3\nexec /bin/sleep 1000\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    rt.nri.start().await.unwrap();
+    assert!(rt.nri.plugin_names().is_empty(), "{:?}", rt.nri.plugin_names());
+    let pid: u64 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    while let Some(state) = proc_state(pid).filter(|s| !s.contains("zombie")) {
+        assert!(
+            Instant::now() < deadline,
+            "the plugin's child {pid} outlived it: {state}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    rt.nri.stop().await;
+}
