@@ -383,6 +383,35 @@ fn daemon_stays_up_for_creates_slower_than_its_idle_time() {
     }
 }
 
+/// SIGTERM: the daemon logs why it exits, shuts its plugins down and
+/// removes its sockets; containerd cleans up the dead shim's task and the
+/// next container starts a fresh daemon.
+#[test]
+fn sigterm_exits_the_daemon_in_order() {
+    let c = Containerd::start(Setup::default());
+    let out = c.run("ctrd-term", &["-d"], &["/bin/sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pid = c.shim_daemon_pid().expect("daemon up");
+    assert!(c.nri_sock.exists());
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.shim_daemon_pid().is_some() {
+        assert!(Instant::now() < deadline, "daemon ignored SIGTERM:\n{}", c.shim_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(c.shim_log().contains("reason=\"SIGTERM\""), "{}", c.shim_log());
+    assert!(!c.nri_sock.exists(), "NRI socket left");
+    let socks: Vec<_> = std::fs::read_dir(&c.shim_state)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("task.sock"))
+        .filter(|p| p.exists())
+        .collect();
+    assert!(socks.is_empty(), "task socket left: {socks:?}");
+    let out = c.run("ctrd-term2", &["--rm"], &["/bin/sh", "-c", "exit 4"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+}
+
 #[test]
 fn oom_kill_is_reported_before_the_exit() {
     let c = Containerd::start(Setup::default());

@@ -249,14 +249,20 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()
     // request, and no external NRI plugin, for idle_timeout.
     let idle = config.shim.idle_timeout;
     let mut idle_since: Option<Instant> = None;
-    loop {
+    // SIGTERM/SIGINT (systemd, an operator): the same orderly exit as on
+    // idle, whatever still runs (containerd cleans up after a dead shim).
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).context("SIGINT handler")?;
+    let reason = loop {
         let quiet = service
             .idle_for()
             .filter(|_| !nri.as_ref().is_some_and(|n| n.has_external_plugins()));
         match (quiet, idle_since) {
             (None, _) => idle_since = None,
             (Some(_), None) => idle_since = Some(Instant::now()),
-            (Some(q), Some(t)) if t.elapsed() >= idle && q >= idle => break,
+            (Some(q), Some(t)) if t.elapsed() >= idle && q >= idle => break "idle",
             _ => {}
         }
         let tick = idle.min(Duration::from_secs(1)).max(Duration::from_millis(50));
@@ -264,9 +270,11 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()
             _ = tokio::time::sleep(tick) => {}
             _ = service.changed() => {}
             _ = shutdown.notified() => {}
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
         }
-    }
-    tracing::info!("nri-shim daemon idle, exiting");
+    };
+    tracing::info!(reason, tasks = service.task_count(), "nri-shim daemon exiting");
     let _ = std::fs::remove_file(&sock);
     let _ = server.shutdown().await;
     if let Some(n) = nri {
