@@ -399,6 +399,7 @@ impl Service {
                     ..Default::default()
                 })
                 .await?;
+            check_nri_mounts(rsp.adjust.get_or_default())?;
             spec::adjust(&mut spec, rsp.adjust.get_or_default())?;
             updates = rsp.update;
         }
@@ -1514,6 +1515,22 @@ fn unmount_all(mounts: &[PathBuf]) {
     for p in mounts.iter().rev() {
         let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
     }
+}
+
+/// Bind mounts that plugins added must have a source: libcontainer fails
+/// such a container with a bare "failed to prepare rootfs" from inside the
+/// container's init, naming neither the mount nor its source.
+fn check_nri_mounts(adjust: &api::ContainerAdjustment) -> Result<()> {
+    for m in &adjust.mounts {
+        let bind = m.type_ == "bind" || m.options.iter().any(|o| o == "bind" || o == "rbind");
+        if bind && !m.destination.starts_with('-') && !Path::new(&m.source).exists() {
+            return Err(ShimError::InvalidArgument(format!(
+                "NRI: mount of {} added by a plugin: bind source {:?} does not exist",
+                m.destination, m.source
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ fn rootfs() -> &'static Path {
 struct Recorder {
     events: Mutex<Vec<String>>,
     fail_first_create_of: Mutex<Option<String>>,
+    missing_bind_source_for: Mutex<Option<String>>,
 }
 
 impl Recorder {
@@ -80,6 +81,15 @@ impl Plugin for RecorderPlugin {
             return Err("refused once".into());
         }
         let mut rsp = api::CreateContainerResponse::new();
+        if self.0.missing_bind_source_for.lock().unwrap().as_deref() == Some(c.name.as_str()) {
+            rsp.adjust.mut_or_insert_default().mounts.push(api::Mount {
+                destination: "/data".into(),
+                source: "/nonexistent/nri-shim-test".into(),
+                type_: "bind".into(),
+                options: vec!["rbind".into()],
+                ..Default::default()
+            });
+        }
         rsp.adjust.mut_or_insert_default().env.push(api::KeyValue {
             key: "NRI".into(),
             value: "yes".into(),
@@ -523,5 +533,31 @@ async fn paused_task_refuses_exec_and_dies_on_sigkill() {
         assert_eq!(state.status, task_api::Status::STOPPED.into(), "{id}");
         f.service.delete("test", &id, "").await.unwrap();
     }
+    f.nri.stop().await;
+}
+
+/// A plugin-added bind mount whose source is missing fails the create with
+/// an error naming the mount and the source (libcontainer itself would only
+/// say "failed to prepare rootfs"), and leaves nothing behind.
+#[tokio::test(flavor = "current_thread")]
+async fn nri_bind_mount_with_missing_source_is_named() {
+    let f = Fixture::new().await;
+    *f.recorder.missing_bind_source_for.lock().unwrap() = Some("bm".into());
+    let e = f.create("bm", &["/bin/true"]).await.unwrap_err();
+    assert_eq!(e.code(), ttrpc::Code::INVALID_ARGUMENT, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("/data") && text.contains("/nonexistent/nri-shim-test"),
+        "{text}"
+    );
+    assert!(!f.state_dir("bm").exists(), "libcontainer state left");
+    assert!(!cgroup_exists("bm"), "cgroup left");
+    assert_eq!(
+        f.recorder.events_of("bm"),
+        ["CreateContainer", "StopContainer", "RemoveContainer"]
+    );
+    *f.recorder.missing_bind_source_for.lock().unwrap() = None;
+    assert_eq!(f.run("bm", &["/bin/true"]).await, 0);
+    f.service.delete("test", "bm", "").await.unwrap();
     f.nri.stop().await;
 }
