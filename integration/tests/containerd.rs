@@ -412,6 +412,24 @@ fn sigterm_exits_the_daemon_in_order() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
 }
 
+/// Editing the config while the daemon runs is not silently ignored: the
+/// daemon says it keeps the configuration it started with.
+#[test]
+fn config_edited_under_a_running_daemon_is_reported() {
+    let c = Containerd::start(Setup::default());
+    let out = c.run("ctrd-cfg1", &["--rm"], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!c.shim_log().contains("config changed"), "{}", c.shim_log());
+    let cfg = c.dir.path().join("shim.toml");
+    let mut toml = std::fs::read_to_string(&cfg).unwrap();
+    toml.push_str("\n# edited\n");
+    std::fs::write(&cfg, toml).unwrap();
+    let out = c.run("ctrd-cfg2", &["--rm"], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let log = c.shim_log();
+    assert_eq!(log.matches("shim config changed").count(), 1, "{log}");
+}
+
 #[test]
 fn oom_kill_is_reported_before_the_exit() {
     let c = Containerd::start(Setup::default());

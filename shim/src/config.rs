@@ -269,6 +269,13 @@ impl Config {
         }
     }
 
+    /// The file [`Config::load`] reads: `$NRI_SHIM_CONFIG`, else the default.
+    pub fn path() -> PathBuf {
+        std::env::var_os(CONFIG_ENV)
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH), PathBuf::from)
+    }
+
     /// Loads one file.
     ///
     /// # Errors

@@ -229,13 +229,17 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()
         shutdown.clone(),
     ));
     let accepted = service.clone();
+    let watch = Arc::new(std::sync::Mutex::new(ConfigWatch::new(crate::config::Config::path())));
     let incoming = futures::stream::unfold(listener, move |l| {
-        let accepted = accepted.clone();
+        let (accepted, watch) = (accepted.clone(), watch.clone());
         async move {
             let conn = l.accept().await.map(|(s, _)| s);
             // `start` probes before printing the address: the client that
             // follows must find the daemon still here.
             accepted.touch();
+            if let Ok(mut w) = watch.lock() {
+                w.check();
+            }
             Some((conn, l))
         }
     });
@@ -281,6 +285,45 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()
         n.stop().await;
     }
     Ok(())
+}
+
+/// Notices a config file edited while the daemon runs: the daemon keeps
+/// the configuration it started with (plugins, sockets, state root cannot
+/// change under running containers), which an operator must be told.
+struct ConfigWatch {
+    path: PathBuf,
+    loaded: Option<Vec<u8>>,
+    mtime: Option<std::time::SystemTime>,
+    warned: Option<Vec<u8>>,
+}
+
+impl ConfigWatch {
+    fn new(path: PathBuf) -> ConfigWatch {
+        let mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        ConfigWatch {
+            loaded: std::fs::read(&path).ok(),
+            path,
+            mtime,
+            warned: None,
+        }
+    }
+
+    /// Warns once per new content; a stat per call otherwise.
+    fn check(&mut self) {
+        let mtime = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
+        if mtime == self.mtime {
+            return;
+        }
+        self.mtime = mtime;
+        let now = std::fs::read(&self.path).ok();
+        if now != self.loaded && now != self.warned {
+            tracing::warn!(
+                config = %self.path.display(),
+                "the shim config changed since this daemon started; it keeps the old one until it exits (idle exit, or SIGTERM once no container runs)"
+            );
+            self.warned = now;
+        }
+    }
 }
 
 fn build_adaptation(service: &Service, config: &Config) -> anyhow::Result<Adaptation> {
