@@ -92,8 +92,14 @@ pub enum HandshakeError {
     #[error("registration refused: {0}")]
     RegistrationRefused(String),
     /// The connection closed before the plugin was ready.
-    #[error("connection closed during {0}")]
-    Closed(&'static str),
+    #[error("connection closed during {during}{}", .reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Closed {
+        /// The handshake step.
+        during: &'static str,
+        /// Why the connection closed, when the transport knows (garbage on
+        /// the socket, an oversized frame, ...).
+        reason: Option<String>,
+    },
     /// Configure failed or returned an invalid event mask.
     #[error("configure failed: {0}")]
     Configure(String),
@@ -282,9 +288,13 @@ impl Plugin {
                 host.release(idx, base);
             }
         };
+        let mut reason = None;
         let registered = tokio::select! {
             r = reg_rx => r.ok(),
-            _ = mux.closed() => None,
+            why = mux.closed() => {
+                reason = why.map(|e| e.to_string());
+                None
+            }
             _ = tokio::time::sleep(params.registration_timeout) => {
                 fail(&mux);
                 let _ = server.shutdown().await;
@@ -304,7 +314,10 @@ impl Plugin {
             None => {
                 fail(&mux);
                 let _ = server.shutdown().await;
-                return Err(HandshakeError::Closed("registration"));
+                return Err(HandshakeError::Closed {
+                    during: "registration",
+                    reason,
+                });
             }
         };
         let (idx, base, config, origin, child) = match launched {
@@ -890,6 +903,48 @@ pub(crate) fn split_counts(pods: usize, ctrs: usize, size: usize, limit: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct NoHost;
+
+    #[async_trait]
+    impl Host for NoHost {
+        fn reserve(&self, _idx: &str, _base: &str) -> bool {
+            true
+        }
+        fn release(&self, _idx: &str, _base: &str) {}
+        async fn update_containers(
+            &self,
+            _plugin: &str,
+            _update: Vec<api::ContainerUpdate>,
+            _evict: Vec<api::ContainerEviction>,
+        ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// Garbage instead of a registration: the handshake error says what
+    /// the transport saw, so the log line naming the plugin says why.
+    #[tokio::test(flavor = "current_thread")]
+    async fn garbage_during_registration_is_reported_with_its_reason() {
+        use tokio::io::AsyncWriteExt as _;
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        theirs.write_all(b"garbage garbage garbage\n").await.unwrap();
+        let params = HandshakeParams {
+            runtime_name: "test".into(),
+            runtime_version: "0".into(),
+            registration_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1),
+        };
+        let e = match Plugin::handshake(ours, None, &params, Arc::new(NoHost), |_, _| FailurePolicy::Ignore).await {
+            Err(e) => e,
+            Ok(_) => panic!("garbage registered"),
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("connection closed during registration: ") && text.contains("bytes"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn split_counts_follows_reference() {
