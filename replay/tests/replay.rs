@@ -188,22 +188,24 @@ fn preinstalled_plugin_adjusts_the_spec_and_every_step_succeeds() {
 
 #[test]
 fn bad_scenario_fails_with_the_object_named() {
+    let out =
+        replay_scenario(r#"{"pods": [], "containers": [{"id": "c1", "pod": "nope", "container": {}}], "steps": []}"#);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(r#"containers[0] "c1": unknown pod "nope""#), "{err}");
+}
+
+/// Runs nri-replay, no plugins, on a scenario file holding `json`.
+fn replay_scenario(json: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("bad.json");
-    std::fs::write(
-        &f,
-        r#"{"pods": [], "containers": [{"id": "c1", "pod": "nope", "container": {}}], "steps": []}"#,
-    )
-    .unwrap();
-    let out = Command::new(REPLAY)
+    let f = dir.path().join("scenario.json");
+    std::fs::write(&f, json).unwrap();
+    Command::new(REPLAY)
         .arg("--socket-path")
         .arg(dir.path().join("nri.sock"))
         .arg(&f)
         .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(r#"containers[0] "c1": unknown pod "nope""#), "{err}");
+        .unwrap()
 }
 
 /// Runs nri-replay with `args` on `testdata/scenarios/basic.json`, no plugins.
@@ -287,21 +289,11 @@ fn plugin_directories_given_must_be_directories() {
 
 #[test]
 fn an_invalid_later_step_fails_before_the_first_step_is_replayed() {
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("bad-step.json");
-    std::fs::write(
-        &f,
+    let out = replay_scenario(
         r#"{"pods": [{"id": "p1"}], "containers": [{"id": "c1", "pod": "p1", "container": {}}],
             "steps": [{"run_pod_sandbox": "p1"}, {"create_container": "c1"},
                       {"update_container": {"container": "c1", "resources": {"cpu": {"shares": "lots"}}}}]}"#,
-    )
-    .unwrap();
-    let out = Command::new(REPLAY)
-        .arg("--socket-path")
-        .arg(dir.path().join("nri.sock"))
-        .arg(&f)
-        .output()
-        .unwrap();
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("steps[2] (update_container)"), "{err}");
