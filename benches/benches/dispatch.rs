@@ -8,23 +8,12 @@
 //! process wakeups cost before ttrpc, protobuf and the mux add anything.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use nri_benches::{Procs, adaptation, bench_request, sibling_bin, spawn_plugins};
+use nri_benches::{Procs, adaptation, bench_request, bench_setup, spawn_plugins};
 use protobuf::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn dispatch(c: &mut Criterion) {
-    // A current-thread runtime, as the shim daemon uses: on these 2-core
-    // machines it halves the round trip of a multi-thread runtime.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let bin = sibling_bin("nri-bench-plugin");
-    assert!(
-        bin.exists(),
-        "{} missing: cargo build --release -p nri-benches",
-        bin.display()
-    );
+    let (rt, bin) = bench_setup();
     let mut group = c.benchmark_group("dispatch");
     for n in [1usize, 2, 4, 8] {
         let dir = tempfile::tempdir().unwrap();

@@ -4,21 +4,10 @@
 //! merge, no socket) and plugin processes over the socket.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use nri_benches::{adaptation, bench_request, sibling_bin, slot_response, spawn_plugins};
+use nri_benches::{adaptation, bench_request, bench_setup, slot_response, spawn_plugins};
 
 fn merge(c: &mut Criterion) {
-    // A current-thread runtime, as the shim daemon uses: on these 2-core
-    // machines it halves the round trip of a multi-thread runtime.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let bin = sibling_bin("nri-bench-plugin");
-    assert!(
-        bin.exists(),
-        "{} missing: cargo build --release -p nri-benches",
-        bin.display()
-    );
+    let (rt, bin) = bench_setup();
     let mut group = c.benchmark_group("merge");
     // The workload's own share of `in_process/8`: a fresh request and the
     // eight responses the builtin plugins clone. No adaptation code runs.

@@ -261,6 +261,26 @@ pub async fn echo(path: &str) -> std::io::Result<()> {
     }
 }
 
+/// What both socket benchmarks need: a current-thread runtime (as the shim
+/// daemon uses: on these 2-core machines it halves the round trip of a
+/// multi-thread runtime) and the path of `nri-bench-plugin`.
+///
+/// # Panics
+/// When the plugin binary was not built.
+pub fn bench_setup() -> (tokio::runtime::Runtime, PathBuf) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let bin = sibling_bin("nri-bench-plugin");
+    assert!(
+        bin.exists(),
+        "{} missing: cargo build --release -p nri-benches",
+        bin.display()
+    );
+    (rt, bin)
+}
+
 /// Path of a binary of this package next to the running bench executable.
 pub fn sibling_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
