@@ -226,3 +226,49 @@ async fn r4_crash_mid_request_fail_policy_fails_create() {
     rt.nri.create_container(create("c2")).await.unwrap();
     rt.nri.stop().await;
 }
+
+/// R5 (containerd/nri#316): a required plugin counts as present only after
+/// it answered. One that times out is dropped and the default validator
+/// fails the create naming it; later creates fail too (the plugin is
+/// gone), unless the pod tolerates missing plugins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_required_plugin_that_times_out_fails_the_create() {
+    let rt = runtime(Duration::from_millis(500), |b| {
+        b.with_default_validator(nri_adaptation::validate::DefaultValidatorConfig {
+            enable: true,
+            required_plugins: vec!["image-policy".into()],
+            tolerate_missing_plugins_annotation: "tolerate-missing-plugins.example.com".into(),
+            ..Default::default()
+        })
+    })
+    .await;
+    let log = rt.log("p.jsonl");
+    let _p = spawn_plugin(
+        test_plugin_bin!(),
+        &rt.sock(),
+        "10",
+        "image-policy",
+        &Behaviour {
+            sleep_ms: [("CreateContainer".to_string(), 3000)].into(),
+            ..behaviour(&log, None)
+        },
+    );
+    rt.wait_plugins(&["10-image-policy"]).await;
+    for id in ["c1", "c2"] {
+        let e = rt.nri.create_container(create(id)).await.unwrap_err().to_string();
+        assert!(
+            e.contains("default-validator") && e.contains("image-policy"),
+            "{id}: {e}"
+        );
+    }
+    assert!(rt.nri.plugin_names().is_empty(), "{:?}", rt.nri.plugin_names());
+    let mut tolerant = pod("p1");
+    tolerant
+        .annotations
+        .insert("tolerate-missing-plugins.example.com".into(), "true".into());
+    rt.nri
+        .create_container(create_request(&tolerant, &container("p1", "c3")))
+        .await
+        .expect("a tolerant pod runs without the required plugin");
+    rt.nri.stop().await;
+}
