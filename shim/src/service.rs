@@ -164,6 +164,9 @@ pub struct Task {
     execs: Mutex<HashMap<String, Arc<Proc>>>,
     /// NRI StopContainer / StopPodSandbox sent.
     stopped_nri: tokio::sync::Mutex<bool>,
+    /// The init was sent SIGKILL: a pause racing the kill must not freeze
+    /// it with the signal pending.
+    sigkilled: std::sync::atomic::AtomicBool,
     rootfs_mounts: Vec<PathBuf>,
 }
 
@@ -463,6 +466,7 @@ impl Service {
             init: init.clone(),
             execs: Mutex::new(HashMap::new()),
             stopped_nri: tokio::sync::Mutex::new(false),
+            sigkilled: std::sync::atomic::AtomicBool::new(false),
             rootfs_mounts: std::mem::take(&mut undo.mounts),
         });
         let _ = std::fs::remove_file(bundle.join(EXIT_STATUS_FILE));
@@ -902,6 +906,11 @@ impl Service {
                 describe(&task, &proc)
             )));
         };
+        if signal == libc::SIGKILL && (exec_id.is_empty() || all) {
+            // Before the signal, with no await until the status check
+            // below: `pause` looks at this flag right after freezing.
+            task.sigkilled.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let sent = pidfd.kill(signal);
         if sent.is_ok() && signal == libc::SIGKILL && task.init.status() == Status::Paused {
             // As runc: a frozen task cannot die, so SIGKILL thaws it (and
@@ -1197,6 +1206,11 @@ impl Service {
         tokio::task::spawn_blocking(move || Cgroup::open(&cg, &tid).and_then(|c| c.freeze(pause)))
             .await
             .map_err(|e| ShimError::Runtime(e.to_string()))??;
+        if pause && task.sigkilled.load(std::sync::atomic::Ordering::SeqCst) {
+            // A SIGKILL raced this pause: frozen, the task could not die.
+            self.thaw_for_kill(&task).await;
+            return Err(ShimError::FailedPrecondition(format!("task {id} is being killed")));
+        }
         {
             // The init may have exited (or been killed and thawed) while the
             // cgroup was being frozen or thawed: never overwrite that.

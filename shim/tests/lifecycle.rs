@@ -533,6 +533,32 @@ async fn paused_task_refuses_exec_and_dies_on_sigkill() {
         assert_eq!(state.status, task_api::Status::STOPPED.into(), "{id}");
         f.service.delete("test", &id, "").await.unwrap();
     }
+    // SIGKILL and pause at once. The window: pause froze the cgroup, the
+    // SIGKILL arrived (still "running", so kill did not thaw), and only
+    // then does pause record "paused". Freezing the cgroup behind the
+    // service's back puts the task exactly there.
+    f.create("kp", &["/bin/sleep", "30"]).await.unwrap();
+    f.service.start("test", "kp", "").await.unwrap();
+    let cg = format!("/sys/fs/cgroup/freezer/nri-shim-test/{}-kp", std::process::id());
+    let state = Path::new(&cg).join("freezer.state");
+    assert!(
+        state.exists(),
+        "{} missing (cgroup v1 freezer expected)",
+        state.display()
+    );
+    std::fs::write(&state, "FROZEN").unwrap();
+    f.service
+        .kill("test", "kp", "", libc::SIGKILL as u32, false)
+        .await
+        .unwrap();
+    let e = f.service.pause("test", "kp", true).await.unwrap_err();
+    assert_eq!(e.code(), ttrpc::Code::FAILED_PRECONDITION, "{e}");
+    let st = tokio::time::timeout(Duration::from_secs(10), f.service.wait("test", "kp", ""))
+        .await
+        .expect("a task killed while being paused still exits")
+        .unwrap();
+    assert_eq!(st.exit_status, 137);
+    f.service.delete("test", "kp", "").await.unwrap();
     f.nri.stop().await;
 }
 
