@@ -303,3 +303,26 @@ fn an_invalid_later_step_fails_before_the_first_step_is_replayed() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A regular file at the socket path is left alone and named once in the
+/// error, each cause said once.
+#[test]
+fn a_file_at_the_socket_path_is_refused_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("f");
+    std::fs::write(&f, "precious").unwrap();
+    let out = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(&f)
+        .arg(testdata("scenarios/basic.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{}: the path exists and is not a socket", f.display())),
+        "{err}"
+    );
+    assert_eq!(err.matches("already exists").count(), 1, "a cause repeated: {err}");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "precious");
+}

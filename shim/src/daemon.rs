@@ -128,7 +128,7 @@ pub fn delete_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
     if answers(&sock) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         if let Err(e) = rt.block_on(delete_through_daemon(&sock, &flags.namespace, &flags.id)) {
-            eprintln!("nri-shim delete {}: {e:#}", flags.id);
+            eprintln!("nri-shim delete {}: {}", flags.id, nri_proto::error_chain(e.as_ref()));
         }
     } else {
         let root = daemon_dir(config, &flags.address).join("containers");

@@ -70,7 +70,12 @@ pub fn main() {
         other => Err(anyhow::anyhow!("unknown action {other:?} (start, delete)")),
     };
     if let Err(e) = result {
-        eprintln!("containerd-shim-nri-shim-v2 {}: {e:#}", flags.action);
+        // The chain without repeats: our errors name their cause too.
+        eprintln!(
+            "containerd-shim-nri-shim-v2 {}: {}",
+            flags.action,
+            nri_proto::error_chain(e.as_ref())
+        );
         std::process::exit(1);
     }
 }

@@ -73,25 +73,10 @@ use ttrpc::asynchronous::{Server, TtrpcContext};
 /// Error type plugin handlers return; any error converts into it with `?`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// An error and its causes on one line, `: `-separated, leaving out a cause
-/// whose text is already in the line (this crate's errors, like many,
-/// include their source in their own message). For a plugin binary's exit
-/// message: `eprintln!("my-plugin: error: {}", nri_stub::error_chain(e.as_ref()))`.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = String::new();
-    let mut next = Some(e);
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
-}
+/// An error and its causes on one line (see [`nri_proto::error_chain`]).
+/// For a plugin binary's exit message:
+/// `eprintln!("my-plugin: error: {}", nri_stub::error_chain(e.as_ref()))`.
+pub use nri_proto::error_chain;
 
 /// Why a stub could not be built, connect, register or keep running.
 #[derive(Debug, thiserror::Error)]
