@@ -1098,7 +1098,9 @@ async fn bind_socket(path: &std::path::Path) -> Result<(UnixListener, (u64, u64)
                         std::io::ErrorKind::AddrInUse.into(),
                     ));
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Each probe is a connection the other side logs as a
+                // failed plugin: few of them.
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
             match std::fs::remove_file(path) {
                 Ok(()) => tracing::info!(path = %path.display(), "removed stale NRI socket"),
