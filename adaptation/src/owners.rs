@@ -85,7 +85,7 @@ impl Owners {
     /// or when `plugin` itself already set it (claims are not idempotent,
     /// as upstream: sending the same field twice is a conflict).
     pub fn claim_simple(&mut self, id: &str, field: Field, plugin: &str) -> Result<(), MergeError> {
-        claim_simple(self.of(id), field, plugin)
+        self.of(id).claim_simple(field, plugin)
     }
 
     /// Records `plugin` as owner of `key` of a compound field.
@@ -93,22 +93,22 @@ impl Owners {
     /// # Errors
     /// As [`Owners::claim_simple`], per key.
     pub fn claim_compound(&mut self, id: &str, field: Field, key: &str, plugin: &str) -> Result<(), MergeError> {
-        claim_compound(self.of(id), field, key, plugin)
+        self.of(id).claim_compound(field, key, plugin)
     }
 
     /// Marks a simple field as cleared by `plugin` (no conflict check).
     pub fn clear_simple(&mut self, id: &str, field: Field, plugin: &str) {
-        clear_simple(self.of(id), field, plugin)
+        self.of(id).clear_simple(field, plugin)
     }
 
     /// Marks `key` of a compound field as cleared by `plugin`.
     pub fn clear_compound(&mut self, id: &str, field: Field, key: &str, plugin: &str) {
-        clear_compound(self.of(id), field, key, plugin)
+        self.of(id).clear_compound(field, key, plugin)
     }
 
     /// Adds `plugin` to the accumulated owners of a field (OCI hooks).
     pub fn accumulate(&mut self, id: &str, field: Field, plugin: &str) {
-        accumulate(self.of(id), field, plugin)
+        self.of(id).accumulate(field, plugin)
     }
 
     /// The records of container `id`, created empty on first use.
@@ -152,36 +152,6 @@ pub(crate) trait Records {
     fn clear_compound(&mut self, field: Field, key: &str, plugin: &str);
     /// See [`Owners::accumulate`].
     fn accumulate(&mut self, field: Field, plugin: &str);
-}
-
-/// [`Owners::claim_simple`] on one container's records.
-pub(crate) fn claim_simple(f: &mut (impl Records + ?Sized), field: Field, plugin: &str) -> Result<(), MergeError> {
-    f.claim_simple(field, plugin)
-}
-
-/// [`Owners::claim_compound`] on one container's records.
-pub(crate) fn claim_compound(
-    f: &mut (impl Records + ?Sized),
-    field: Field,
-    key: &str,
-    plugin: &str,
-) -> Result<(), MergeError> {
-    f.claim_compound(field, key, plugin)
-}
-
-/// [`Owners::clear_simple`] on one container's records.
-pub(crate) fn clear_simple(f: &mut (impl Records + ?Sized), field: Field, plugin: &str) {
-    f.clear_simple(field, plugin)
-}
-
-/// [`Owners::clear_compound`] on one container's records.
-pub(crate) fn clear_compound(f: &mut (impl Records + ?Sized), field: Field, key: &str, plugin: &str) {
-    f.clear_compound(field, key, plugin)
-}
-
-/// [`Owners::accumulate`] on one container's records.
-pub(crate) fn accumulate(f: &mut (impl Records + ?Sized), field: Field, plugin: &str) {
-    f.accumulate(field, plugin)
 }
 
 impl Records for api::FieldOwners {
@@ -287,16 +257,13 @@ impl FieldTable {
         })
     }
 
-    fn key_mut(&mut self, field: Field, key: &str) -> Option<&mut Owner> {
-        self.compound
-            .iter_mut()
-            .find(|(f, k, _)| *f == field && k == key)
-            .map(|(_, _, o)| o)
+    fn key_index(&self, field: Field, key: &str) -> Option<usize> {
+        self.compound.iter().position(|(f, k, _)| *f == field && k == key)
     }
 
     fn set_key(&mut self, field: Field, key: &str, o: Owner) {
-        match self.key_mut(field, key) {
-            Some(cur) => *cur = o,
+        match self.key_index(field, key) {
+            Some(i) => self.compound[i].2 = o,
             None => self.push_key(field, key, o),
         }
     }
@@ -360,14 +327,10 @@ impl Records for FieldTable {
             plugin: me,
             cleared: false,
         };
-        match self.key_mut(field, key) {
-            Some(cur) => {
-                let o = *cur;
-                self.check(o, me, plugin, field, Some(key))?;
-                // `check` borrowed the table; look the key up again.
-                if let Some(cur) = self.key_mut(field, key) {
-                    *cur = owner;
-                }
+        match self.key_index(field, key) {
+            Some(i) => {
+                self.check(self.compound[i].2, me, plugin, field, Some(key))?;
+                self.compound[i].2 = owner;
             }
             None => self.push_key(field, key, owner),
         }

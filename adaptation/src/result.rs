@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use nri_proto::api::{self, Field};
 use protobuf::MessageField;
 
-use crate::owners::{self, FieldTable, Owners, Records};
+use crate::owners::{FieldTable, Owners, Records};
 
 /// Conflicting or disallowed plugin adjustments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -276,7 +276,7 @@ impl CreateResult {
             self.sysctl(plugin, l.sysctl)?;
             self.net_devices(plugin, l.net_devices)?;
             if let Some(s) = l.scheduler.into_option() {
-                owners::claim_simple(&mut self.own, Field::LinuxSched, plugin)?;
+                self.own.claim_simple(Field::LinuxSched, plugin)?;
                 self.ctr_linux().scheduler = MessageField::some(s.clone());
                 self.reply.linux.mut_or_insert_default().scheduler = MessageField::some(s);
             }
@@ -284,17 +284,17 @@ impl CreateResult {
                 self.rdt(plugin, rdt)?;
             }
             if let Some(mp) = l.memory_policy.into_option() {
-                owners::claim_simple(&mut self.own, Field::MemoryPolicy, plugin)?;
+                self.own.claim_simple(Field::MemoryPolicy, plugin)?;
                 self.reply.linux.mut_or_insert_default().memory_policy = MessageField::some(mp);
             }
         }
         for rl in a.rlimits {
-            owners::claim_compound(&mut self.own, Field::Rlimits, &rl.type_, plugin)?;
+            self.own.claim_compound(Field::Rlimits, &rl.type_, plugin)?;
             self.request.container.mut_or_insert_default().rlimits.push(rl.clone());
             self.reply.rlimits.push(rl);
         }
         for d in a.CDI_devices {
-            owners::claim_compound(&mut self.own, Field::CdiDevices, &d.name, plugin)?;
+            self.own.claim_compound(Field::CdiDevices, &d.name, plugin)?;
             self.reply.CDI_devices.push(d);
         }
         Ok(())
@@ -310,11 +310,11 @@ impl CreateResult {
         for (k, v) in sets {
             let ctr = &mut self.request.container.mut_or_insert_default().annotations;
             if dels.contains(&k) {
-                owners::clear_compound(&mut self.own, Field::Annotations, &k, plugin);
+                self.own.clear_compound(Field::Annotations, &k, plugin);
                 ctr.remove(&k);
                 self.reply.annotations.insert(format!("-{k}"), String::new());
             }
-            owners::claim_compound(&mut self.own, Field::Annotations, &k, plugin)?;
+            self.own.claim_compound(Field::Annotations, &k, plugin)?;
             let ctr = &mut self.request.container.mut_or_insert_default().annotations;
             ctr.insert(k.clone(), v.clone());
             self.reply.annotations.insert(k, v);
@@ -335,11 +335,11 @@ impl CreateResult {
         let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
         for (k, v) in sets {
             if dels.contains(&k) {
-                owners::clear_compound(&mut self.own, Field::Sysctl, &k, plugin);
+                self.own.clear_compound(Field::Sysctl, &k, plugin);
                 self.ctr_linux().sysctl.remove(&k);
                 self.reply_linux().sysctl.insert(format!("-{k}"), String::new());
             }
-            owners::claim_compound(&mut self.own, Field::Sysctl, &k, plugin)?;
+            self.own.claim_compound(Field::Sysctl, &k, plugin)?;
             self.ctr_linux().sysctl.insert(k.clone(), v.clone());
             self.reply_linux().sysctl.insert(k, v);
         }
@@ -361,13 +361,13 @@ impl CreateResult {
         let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
         for (k, v) in sets {
             if dels.contains(&k) {
-                owners::clear_compound(&mut self.own, Field::LinuxNetDevices, &k, plugin);
+                self.own.clear_compound(Field::LinuxNetDevices, &k, plugin);
                 self.ctr_linux().net_devices.remove(&k);
                 self.reply_linux()
                     .net_devices
                     .insert(format!("-{k}"), api::LinuxNetDevice::new());
             }
-            owners::claim_compound(&mut self.own, Field::LinuxNetDevices, &k, plugin)?;
+            self.own.claim_compound(Field::LinuxNetDevices, &k, plugin)?;
             self.ctr_linux().net_devices.insert(k.clone(), v.clone());
             self.reply_linux().net_devices.insert(k, v);
         }
@@ -402,7 +402,7 @@ impl CreateResult {
             self.reply.mounts.retain(|m| {
                 let removed = del.contains_key(&m.destination);
                 if removed {
-                    owners::clear_compound(own, Field::Mounts, &m.destination, plugin);
+                    own.clear_compound(Field::Mounts, &m.destination, plugin);
                 }
                 !removed
             });
@@ -412,7 +412,7 @@ impl CreateResult {
         ctr.mounts
             .retain(|m| !del.contains_key(&m.destination) && !mods(&m.destination));
         for m in &add {
-            owners::claim_compound(&mut self.own, Field::Mounts, &m.destination, plugin)?;
+            self.own.claim_compound(Field::Mounts, &m.destination, plugin)?;
         }
         let markers: Vec<api::Mount> = del
             .into_iter()
@@ -443,14 +443,14 @@ impl CreateResult {
         }
         reply.devices = kept;
         for path in cleared {
-            owners::clear_compound(&mut self.own, Field::Devices, &path, plugin);
+            self.own.clear_compound(Field::Devices, &path, plugin);
         }
         let mods = |k: &str| add.iter().any(|d| d.path == k);
         self.ctr_linux()
             .devices
             .retain(|d| !del.contains_key(&d.path) && !mods(&d.path));
         for d in &add {
-            owners::claim_compound(&mut self.own, Field::Devices, &d.path, plugin)?;
+            self.own.claim_compound(Field::Devices, &d.path, plugin)?;
             self.reply_linux().devices.push(d.clone());
         }
         // Fix of upstream: forward the removal so the runtime drops an
@@ -475,7 +475,7 @@ impl CreateResult {
             self.reply.env.retain(|e| {
                 let removed = del.contains_key(&e.key);
                 if removed {
-                    owners::clear_compound(own, Field::Env, &e.key, plugin);
+                    own.clear_compound(Field::Env, &e.key, plugin);
                 }
                 !removed
             });
@@ -487,7 +487,7 @@ impl CreateResult {
             !del.contains_key(k) && !mods(k)
         });
         for e in &add {
-            owners::claim_compound(&mut self.own, Field::Env, &e.key, plugin)?;
+            self.own.claim_compound(Field::Env, &e.key, plugin)?;
         }
         // Fix of upstream: forward the removal of an original variable.
         let markers: Vec<api::KeyValue> = del
@@ -515,10 +515,10 @@ impl CreateResult {
         }
         if args[0].is_empty() {
             // A leading "" overrides whoever set the args before.
-            owners::clear_simple(&mut self.own, Field::Args, plugin);
+            self.own.clear_simple(Field::Args, plugin);
             args.remove(0);
         }
-        owners::claim_simple(&mut self.own, Field::Args, plugin)?;
+        self.own.claim_simple(Field::Args, plugin)?;
         self.request.container.mut_or_insert_default().args = args.clone();
         self.reply.args = args;
         Ok(())
@@ -552,7 +552,7 @@ impl CreateResult {
             }
         }
         if claim {
-            owners::accumulate(&mut self.own, Field::OciHooks, plugin);
+            self.own.accumulate(Field::OciHooks, plugin);
         }
     }
 
@@ -581,7 +581,7 @@ impl CreateResult {
                 merge_cpu(None, plugin, c, reply_res.cpu.mut_or_insert_default())?;
             }
             for l in &r.hugepage_limits {
-                owners::claim_compound(&mut self.own, Field::HugepageLimits, &l.page_size, plugin)?;
+                self.own.claim_compound(Field::HugepageLimits, &l.page_size, plugin)?;
                 ctr_res.hugepage_limits.push(l.clone());
                 reply_res.hugepage_limits.push(l.clone());
             }
@@ -589,22 +589,22 @@ impl CreateResult {
             ctr_res.devices.extend(r.devices.iter().cloned());
             reply_res.devices.extend(r.devices.iter().cloned());
             for (k, v) in sorted(&r.unified) {
-                owners::claim_compound(&mut self.own, Field::CgroupsUnified, k, plugin)?;
+                self.own.claim_compound(Field::CgroupsUnified, k, plugin)?;
                 ctr_res.unified.insert(k.clone(), v.clone());
                 reply_res.unified.insert(k.clone(), v.clone());
             }
             if let Some(v) = r.blockio_class.as_ref() {
-                owners::claim_simple(&mut self.own, Field::BlockioClass, plugin)?;
+                self.own.claim_simple(Field::BlockioClass, plugin)?;
                 ctr_res.blockio_class = MessageField::some(v.clone());
                 reply_res.blockio_class = MessageField::some(v.clone());
             }
             if let Some(v) = r.rdt_class.as_ref() {
-                owners::claim_simple(&mut self.own, Field::RdtClass, plugin)?;
+                self.own.claim_simple(Field::RdtClass, plugin)?;
                 ctr_res.rdt_class = MessageField::some(v.clone());
                 reply_res.rdt_class = MessageField::some(v.clone());
             }
             if let Some(v) = r.pids.as_ref() {
-                owners::claim_simple(&mut self.own, Field::PidsLimit, plugin)?;
+                self.own.claim_simple(Field::PidsLimit, plugin)?;
                 ctr_res.pids = MessageField::some(v.clone());
                 reply_res.pids = MessageField::some(v.clone());
             }
@@ -621,22 +621,22 @@ impl CreateResult {
         seccomp: MessageField<api::LinuxSeccomp>,
     ) -> Result<(), MergeError> {
         if !cgroups_path.is_empty() {
-            owners::claim_simple(&mut self.own, Field::CgroupsPath, plugin)?;
+            self.own.claim_simple(Field::CgroupsPath, plugin)?;
             self.ctr_linux().cgroups_path = cgroups_path.clone();
             self.reply_linux().cgroups_path = cgroups_path;
         }
         if let Some(v) = oom.into_option() {
-            owners::claim_simple(&mut self.own, Field::OomScoreAdj, plugin)?;
+            self.own.claim_simple(Field::OomScoreAdj, plugin)?;
             self.ctr_linux().oom_score_adj = MessageField::some(v.clone());
             self.reply_linux().oom_score_adj = MessageField::some(v);
         }
         if let Some(v) = io.into_option() {
-            owners::claim_simple(&mut self.own, Field::IoPriority, plugin)?;
+            self.own.claim_simple(Field::IoPriority, plugin)?;
             self.ctr_linux().io_priority = MessageField::some(v.clone());
             self.reply_linux().io_priority = MessageField::some(v);
         }
         if let Some(v) = seccomp.into_option() {
-            owners::claim_simple(&mut self.own, Field::SeccompPolicy, plugin)?;
+            self.own.claim_simple(Field::SeccompPolicy, plugin)?;
             self.ctr_linux().seccomp_policy = MessageField::some(v.clone());
             self.reply_linux().seccomp_policy = MessageField::some(v);
         }
@@ -650,7 +650,7 @@ impl CreateResult {
                 None => (n.type_.clone(), false),
             };
             // Removals claim too: a second plugin touching the type conflicts.
-            owners::claim_compound(&mut self.own, Field::Namespace, &key, plugin)?;
+            self.own.claim_compound(Field::Namespace, &key, plugin)?;
             let ctr = &mut self.ctr_linux().namespaces;
             if removal {
                 ctr.retain(|x| x.type_ != key);
@@ -667,7 +667,7 @@ impl CreateResult {
     fn rdt(&mut self, plugin: &str, rdt: api::LinuxRdt) -> Result<(), MergeError> {
         if rdt.remove {
             for f in [Field::RdtClosID, Field::RdtSchemata, Field::RdtEnableMonitoring] {
-                owners::clear_simple(&mut self.own, f, plugin);
+                self.own.clear_simple(f, plugin);
             }
             self.reply_linux().rdt = MessageField::some(api::LinuxRdt {
                 remove: true,
@@ -675,19 +675,19 @@ impl CreateResult {
             });
         }
         if let Some(v) = rdt.clos_id.into_option() {
-            owners::claim_simple(&mut self.own, Field::RdtClosID, plugin)?;
+            self.own.claim_simple(Field::RdtClosID, plugin)?;
             let r = self.reply_linux().rdt.mut_or_insert_default();
             r.clos_id = MessageField::some(v);
             r.remove = false;
         }
         if let Some(v) = rdt.schemata.into_option() {
-            owners::claim_simple(&mut self.own, Field::RdtSchemata, plugin)?;
+            self.own.claim_simple(Field::RdtSchemata, plugin)?;
             let r = self.reply_linux().rdt.mut_or_insert_default();
             r.schemata = MessageField::some(v);
             r.remove = false;
         }
         if let Some(v) = rdt.enable_monitoring.into_option() {
-            owners::claim_simple(&mut self.own, Field::RdtEnableMonitoring, plugin)?;
+            self.own.claim_simple(Field::RdtEnableMonitoring, plugin)?;
             let r = self.reply_linux().rdt.mut_or_insert_default();
             r.enable_monitoring = MessageField::some(v);
             r.remove = false;
@@ -742,7 +742,7 @@ fn merge_memory(
         ($f:ident, $owner:expr) => {
             if let Some(v) = m.$f.as_ref() {
                 if let Some(o) = owners.as_deref_mut() {
-                    owners::claim_simple(o, $owner, plugin)?;
+                    o.claim_simple($owner, plugin)?;
                 }
                 target.$f = MessageField::some(v.clone());
             }
@@ -769,7 +769,7 @@ fn merge_cpu(
         ($f:ident, $owner:expr) => {
             if let Some(v) = c.$f.as_ref() {
                 if let Some(o) = owners.as_deref_mut() {
-                    owners::claim_simple(o, $owner, plugin)?;
+                    o.claim_simple($owner, plugin)?;
                 }
                 target.$f = MessageField::some(v.clone());
             }
@@ -782,13 +782,13 @@ fn merge_cpu(
     field!(realtime_period, Field::CPURealtimePeriod);
     if !c.cpus.is_empty() {
         if let Some(o) = owners.as_deref_mut() {
-            owners::claim_simple(o, Field::CPUSetCPUs, plugin)?;
+            o.claim_simple(Field::CPUSetCPUs, plugin)?;
         }
         target.cpus = c.cpus.clone();
     }
     if !c.mems.is_empty() {
         if let Some(o) = owners {
-            owners::claim_simple(o, Field::CPUSetMems, plugin)?;
+            o.claim_simple(Field::CPUSetMems, plugin)?;
         }
         target.mems = c.mems.clone();
     }
