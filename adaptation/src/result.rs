@@ -122,17 +122,19 @@ pub(crate) struct PendingOwners {
 impl PendingOwners {
     /// The records as validators receive them.
     pub(crate) fn into_owners(self) -> Owners {
-        let mut o = self.others;
-        o.set(&self.id, self.created.to_proto());
-        o
+        with_created(self.others, &self.id, &self.created)
     }
 
     /// [`PendingOwners::into_owners`] of a copy.
     pub(crate) fn to_owners(&self) -> Owners {
-        let mut o = self.others.clone();
-        o.set(&self.id, self.created.to_proto());
-        o
+        with_created(self.others.clone(), &self.id, &self.created)
     }
+}
+
+/// The owners of other containers plus those of the created container `id`.
+fn with_created(mut others: Owners, id: &str, created: &FieldTable) -> Owners {
+    others.set(id, created.to_proto());
+    others
 }
 
 /// Accumulates the CreateContainer responses of all plugins.
@@ -190,9 +192,7 @@ impl CreateResult {
 
     /// Ownership records so far (a copy).
     pub fn owners(&self) -> Owners {
-        let mut o = self.owners.clone();
-        o.set(&self.request.container.id, self.own.to_proto());
-        o
+        with_created(self.owners.clone(), &self.request.container.id, &self.own)
     }
 
     /// The merged adjustment so far.
