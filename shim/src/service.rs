@@ -668,16 +668,7 @@ impl Service {
     }
 
     async fn start_exec(&self, task: &Arc<Task>, proc: &Arc<Proc>) -> Result<u32> {
-        if task.init.status() == Status::Paused {
-            // Joining a frozen cgroup blocks the helper until a resume.
-            return Err(ShimError::FailedPrecondition(format!(
-                "cannot exec in a paused state: task {} is paused",
-                task.id
-            )));
-        }
-        if task.init.status() == Status::Stopped {
-            return Err(ShimError::FailedPrecondition(format!("task {} is stopped", task.id)));
-        }
+        exec_allowed(task)?;
         let dir = self.inner.state_root.join("exec");
         std::fs::create_dir_all(&dir).map_err(|e| ShimError::io("exec state dir", e))?;
         let tag = short_hash(&format!("{}/{}/{}", task.ns, task.id, proc.exec_id));
@@ -1078,15 +1069,7 @@ impl Service {
     /// bad process spec, [`ShimError::FailedPrecondition`] on a stopped task.
     pub async fn exec(&self, ns: &str, req: task_api::ExecProcessRequest) -> Result<()> {
         let task = self.task(ns, &req.id)?;
-        if task.init.status() == Status::Paused {
-            return Err(ShimError::FailedPrecondition(format!(
-                "cannot exec in a paused state: task {} is paused",
-                req.id
-            )));
-        }
-        if task.init.status() == Status::Stopped {
-            return Err(ShimError::FailedPrecondition(format!("task {} is stopped", req.id)));
-        }
+        exec_allowed(&task)?;
         let mut spec: serde_json::Value = serde_json::from_slice(&req.spec.value)
             .map_err(|e| ShimError::InvalidArgument(format!("exec {} process spec: {e}", req.exec_id)))?;
         // As for the init: libcontainer will not exec without a PATH.
@@ -1169,16 +1152,13 @@ impl Service {
     /// Thaws a paused task that was just sent SIGKILL; it is running
     /// again until its exit is reaped.
     async fn thaw_for_kill(&self, task: &Arc<Task>) {
-        let cg = task.cgroups_path.clone();
-        let tid = task.id.clone();
-        match tokio::task::spawn_blocking(move || Cgroup::open(&cg, &tid).and_then(|c| c.freeze(false))).await {
-            Ok(Ok(())) => {
+        match freeze(task, false).await {
+            Ok(()) => {
                 let mut st = lock(&task.init.status);
                 if *st == Status::Paused {
                     *st = Status::Running;
                 }
             }
-            Ok(Err(e)) => tracing::warn!(task = %task.id, error = %e, "thawing a paused task for SIGKILL failed"),
             Err(e) => tracing::warn!(task = %task.id, error = %e, "thawing a paused task for SIGKILL failed"),
         }
     }
@@ -1201,11 +1181,7 @@ impl Service {
                 if pause { "pause" } else { "resume" }
             )));
         }
-        let cg = task.cgroups_path.clone();
-        let tid = task.id.clone();
-        tokio::task::spawn_blocking(move || Cgroup::open(&cg, &tid).and_then(|c| c.freeze(pause)))
-            .await
-            .map_err(|e| ShimError::Runtime(e.to_string()))??;
+        freeze(&task, pause).await?;
         if pause && task.sigkilled.load(std::sync::atomic::Ordering::SeqCst) {
             // A SIGKILL raced this pause: frozen, the task could not die.
             self.thaw_for_kill(&task).await;
@@ -1528,6 +1504,27 @@ fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<Vec<PathBuf>> {
 fn unmount_all(mounts: &[PathBuf]) {
     for p in mounts.iter().rev() {
         let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Freezes (or thaws) the task's cgroup, off the runtime thread.
+async fn freeze(task: &Task, frozen: bool) -> Result<()> {
+    let (cg, tid) = (task.cgroups_path.clone(), task.id.clone());
+    tokio::task::spawn_blocking(move || Cgroup::open(&cg, &tid).and_then(|c| c.freeze(frozen)))
+        .await
+        .map_err(|e| ShimError::Runtime(e.to_string()))?
+}
+
+/// Exec needs a live, unfrozen init: joining a frozen cgroup would block
+/// the helper until a resume (runc's "cannot exec in a paused state").
+fn exec_allowed(task: &Task) -> Result<()> {
+    match task.init.status() {
+        Status::Paused => Err(ShimError::FailedPrecondition(format!(
+            "cannot exec in a paused state: task {} is paused",
+            task.id
+        ))),
+        Status::Stopped => Err(ShimError::FailedPrecondition(format!("task {} is stopped", task.id))),
+        _ => Ok(()),
     }
 }
 
