@@ -1,6 +1,6 @@
 //! A running container's cgroup: resource updates, statistics in
 //! containerd's format, freeze/thaw, member pids, OOM kills. Blocking file
-//! I/O: call from `spawn_blocking`.
+//! I/O: the daemon reaches it through [`Cgroup::off_runtime`].
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +11,10 @@ use libcgroups::{
 };
 use oci_spec::runtime::LinuxResources;
 
-use crate::error::{Result, ShimError};
+use crate::{
+    error::{Result, ShimError},
+    runner::Target,
+};
 
 /// The cgroup of one container.
 pub struct Cgroup {
@@ -39,6 +42,23 @@ impl Cgroup {
             path: cgroups_path.to_path_buf(),
             manager,
         })
+    }
+
+    /// Opens the cgroup of `target` and runs `f` on it on a blocking
+    /// thread: cgroup access is file I/O and must not stall the daemon's
+    /// single async thread.
+    ///
+    /// # Errors
+    /// [`Cgroup::open`]'s error, `f`'s, or [`ShimError::Runtime`] if `f`
+    /// panicked.
+    pub async fn off_runtime<T: Send + 'static>(
+        target: Target<'_>,
+        f: impl FnOnce(&Cgroup) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (path, id) = (target.cgroups_path.to_path_buf(), target.id.to_string());
+        tokio::task::spawn_blocking(move || Cgroup::open(&path, &id).and_then(|c| f(&c)))
+            .await
+            .map_err(|e| ShimError::Runtime(format!("cgroup {}: {e}", target.cgroups_path.display())))?
     }
 
     /// Applies `resources` (only what they set).

@@ -21,10 +21,12 @@ use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _
 
 use crate::{
     args::Flags,
+    bundle::EXIT_STATUS_FILE,
     config::Config,
     events::RemotePublisher,
     helper,
-    service::{EXIT_STATUS_FILE, Service, short_hash},
+    runner::HelperRunner,
+    service::{Service, short_hash},
     task::{NAMESPACE_HEADER, TaskService},
 };
 
@@ -208,7 +210,7 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()
     let exe = std::env::current_exe().context("own executable")?;
     let ttrpc_address = std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Arc::new(RemotePublisher::new(ttrpc_address));
-    let service = Service::new(exe, dir.clone(), events);
+    let service = Service::new(Arc::new(HelperRunner::new(exe, dir.clone())), dir.clone(), events);
     let nri = if config.nri.disable {
         tracing::info!("NRI disabled by configuration");
         None

@@ -9,7 +9,9 @@
 //! | [`daemon`] | `start` / `delete` actions, the per-node daemon |
 //! | [`task`] | the containerd Task ttrpc service (v2 and v3 names) |
 //! | [`service`] | the task lifecycle, NRI event mapping, events in order |
+//! | [`runner`] | the seam to the container runtime; the helper-process runner |
 //! | [`helper`] | libcontainer in a single-threaded helper process |
+//! | [`bundle`] | `config.json`, rootfs mounts, the exit status file |
 //! | [`monitor`] | exact exit statuses through pidfds |
 //! | [`nri`] | pods and containers from bundle annotations; the NRI seam |
 //! | [`io`] | stdio fifos, files and terminals |
@@ -20,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod bundle;
 pub mod cgroups;
 pub mod config;
 pub mod daemon;
@@ -29,8 +32,10 @@ pub mod helper;
 pub mod io;
 pub mod monitor;
 pub mod nri;
+pub mod runner;
 pub mod service;
 pub mod shimlog;
+pub mod sync;
 pub mod task;
 
 /// The binary's entry point: dispatches on the action before any thread

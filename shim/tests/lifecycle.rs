@@ -11,8 +11,10 @@ use std::{
 use containerd_shim_protos::api as task_api;
 use nri_adaptation::{Adaptation, api};
 use nri_shim::{
+    bundle::EXIT_STATUS_FILE,
     events::{MemorySink, topics},
-    service::{EXIT_STATUS_FILE, Service},
+    runner::HelperRunner,
+    service::Service,
 };
 use nri_stub::{BoxError, EventMask, Plugin};
 
@@ -137,7 +139,8 @@ impl Fixture {
         nri_shim::monitor::set_subreaper().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let sink = Arc::new(MemorySink::default());
-        let service = Service::new(SHIM.into(), dir.path().join("state"), sink.clone());
+        let state = dir.path().join("state");
+        let service = Service::new(Arc::new(HelperRunner::new(SHIM, &state)), state, sink.clone());
         let recorder = Arc::new(Recorder::default());
         let s = service.downgrade();
         let nri = Adaptation::builder("shim-test", "0")

@@ -1,0 +1,252 @@
+//! The OCI bundle of a task: reading and rewriting `config.json`, the
+//! rootfs mounts containerd's snapshotter hands over, the exit status file,
+//! and the fix-ups libcontainer needs that runc does without.
+
+use std::path::{Path, PathBuf};
+
+use containerd_shim_protos::types::mount::Mount;
+use nri_adaptation::api;
+use oci_spec::runtime::Spec;
+
+use crate::error::{Result, ShimError};
+
+/// File in the bundle holding the init's exit status (for `delete` after
+/// the daemon is gone).
+pub const EXIT_STATUS_FILE: &str = "nri-shim-exit-status";
+
+/// The `PATH` containerd and Docker give a process without one.
+pub const DEFAULT_PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A task's bundle directory.
+#[derive(Debug, Clone)]
+pub struct Bundle {
+    dir: PathBuf,
+}
+
+/// The spec as read, kept to restore `config.json` when a create fails.
+pub struct LoadedSpec {
+    /// The parsed spec.
+    pub spec: Spec,
+    /// The file's bytes.
+    pub original: Vec<u8>,
+}
+
+impl Bundle {
+    /// The bundle at `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Bundle {
+        Bundle { dir: dir.into() }
+    }
+
+    /// The bundle directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `config.json`.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+
+    /// Where the rootfs is mounted.
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+
+    /// Reads `config.json`; a spec without `process.args` is refused
+    /// (libcontainer would fail later with a less clear error).
+    ///
+    /// # Errors
+    /// I/O errors naming the file, [`ShimError::InvalidArgument`] for a
+    /// spec that does not parse or has nothing to run.
+    pub fn load_spec(&self) -> Result<LoadedSpec> {
+        let path = self.config_path();
+        let original = std::fs::read(&path).map_err(|e| ShimError::io(format!("read {}", path.display()), e))?;
+        let spec: Spec = serde_json::from_slice(&original)
+            .map_err(|e| ShimError::InvalidArgument(format!("{}: {e}", path.display())))?;
+        if spec
+            .process()
+            .as_ref()
+            .is_none_or(|p| p.args().as_ref().is_none_or(|a| a.is_empty()))
+        {
+            return Err(ShimError::InvalidArgument(format!(
+                "{}: process.args is empty: nothing to run",
+                path.display()
+            )));
+        }
+        Ok(LoadedSpec { spec, original })
+    }
+
+    /// Writes `spec` as `config.json` atomically (temp file and rename).
+    ///
+    /// # Errors
+    /// Encoding or I/O errors naming the file.
+    pub fn write_spec(&self, spec: &Spec) -> Result<()> {
+        let path = self.config_path();
+        let text = serde_json::to_vec(spec).map_err(|e| ShimError::Runtime(format!("encode adjusted spec: {e}")))?;
+        let tmp = path.with_extension("json.nri-shim.tmp");
+        std::fs::write(&tmp, &text).map_err(|e| ShimError::io(format!("write {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| ShimError::io(format!("rename to {}", path.display()), e))
+    }
+
+    /// Puts back the `config.json` a failed create rewrote.
+    pub fn restore_spec(&self, original: &[u8]) {
+        let _ = std::fs::write(self.config_path(), original);
+    }
+
+    /// Records the init's exit status for a `delete` without the daemon.
+    pub fn write_exit_status(&self, code: u32) {
+        let _ = std::fs::write(self.dir.join(EXIT_STATUS_FILE), code.to_string());
+    }
+
+    /// Removes a stale exit status (an id created again).
+    pub fn clear_exit_status(&self) {
+        let _ = std::fs::remove_file(self.dir.join(EXIT_STATUS_FILE));
+    }
+}
+
+/// Gives the process a `PATH` if it has none: libcontainer refuses to exec
+/// without one (runc does not), and `ctr run --rootfs` specs have none.
+/// Returns whether it added one.
+pub fn default_path_env(spec: &mut Spec) -> bool {
+    let Some(p) = spec.process_mut().as_mut() else {
+        return false;
+    };
+    let mut env = p.env().clone().unwrap_or_default();
+    if env.iter().any(|e| e.starts_with("PATH=")) {
+        return false;
+    }
+    env.push(DEFAULT_PATH_ENV.to_string());
+    p.set_env(Some(env));
+    true
+}
+
+/// [`default_path_env`] for an exec's OCI process, given as JSON.
+pub fn default_exec_path_env(process: &mut serde_json::Value) {
+    if let Some(env) = process.get_mut("env").and_then(|e| e.as_array_mut()) {
+        if !env.iter().any(|e| e.as_str().is_some_and(|s| s.starts_with("PATH="))) {
+            env.push(serde_json::Value::String(DEFAULT_PATH_ENV.to_string()));
+        }
+    } else if let Some(obj) = process.as_object_mut() {
+        obj.insert("env".into(), serde_json::json!([DEFAULT_PATH_ENV]));
+    }
+}
+
+/// Mounts the task's rootfs layers (snapshotter mounts) on `target`;
+/// returns what to unmount. On failure, what was mounted is undone.
+///
+/// # Errors
+/// The mount error naming source, type and target.
+pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<Vec<PathBuf>> {
+    use nix::mount::{MsFlags, mount};
+    let mut done = Vec::new();
+    for m in mounts {
+        let mut flags = MsFlags::empty();
+        let mut data = Vec::new();
+        for o in &m.options {
+            match o.as_str() {
+                "ro" => flags |= MsFlags::MS_RDONLY,
+                "rw" => {}
+                "bind" => flags |= MsFlags::MS_BIND,
+                "rbind" => flags |= MsFlags::MS_BIND | MsFlags::MS_REC,
+                "nosuid" => flags |= MsFlags::MS_NOSUID,
+                "nodev" => flags |= MsFlags::MS_NODEV,
+                "noexec" => flags |= MsFlags::MS_NOEXEC,
+                other => data.push(other),
+            }
+        }
+        let data = data.join(",");
+        let fstype = if m.type_.is_empty() {
+            None
+        } else {
+            Some(m.type_.as_str())
+        };
+        std::fs::create_dir_all(target).map_err(|e| ShimError::io("create rootfs dir", e))?;
+        if let Err(e) = mount(
+            Some(m.source.as_str()),
+            target,
+            fstype,
+            flags,
+            if data.is_empty() { None } else { Some(data.as_str()) },
+        ) {
+            unmount_all(&done);
+            return Err(ShimError::io(
+                format!("mount rootfs {} ({}) on {}", m.source, m.type_, target.display()),
+                e.into(),
+            ));
+        }
+        done.push(target.to_path_buf());
+    }
+    Ok(done)
+}
+
+/// Unmounts (lazily, last first) what [`mount_rootfs`] mounted.
+pub fn unmount_all(mounts: &[PathBuf]) {
+    for p in mounts.iter().rev() {
+        let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Bind mounts that plugins added must have a source: libcontainer fails
+/// such a container with a bare "failed to prepare rootfs" from inside the
+/// container's init, naming neither the mount nor its source.
+///
+/// # Errors
+/// [`ShimError::InvalidArgument`] naming the mount and its source.
+pub fn check_nri_mounts(adjust: &api::ContainerAdjustment) -> Result<()> {
+    for m in &adjust.mounts {
+        let bind = m.type_ == "bind" || m.options.iter().any(|o| o == "bind" || o == "rbind");
+        if bind && !m.destination.starts_with('-') && !Path::new(&m.source).exists() {
+            return Err(ShimError::InvalidArgument(format!(
+                "NRI: mount of {} added by a plugin: bind source {:?} does not exist",
+                m.destination, m.source
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_processes_get_a_path_once() {
+        let mut p = serde_json::json!({"args": ["sh"]});
+        default_exec_path_env(&mut p);
+        assert_eq!(p["env"], serde_json::json!([DEFAULT_PATH_ENV]));
+        let mut p = serde_json::json!({"env": ["A=1"]});
+        default_exec_path_env(&mut p);
+        default_exec_path_env(&mut p);
+        assert_eq!(p["env"], serde_json::json!(["A=1", DEFAULT_PATH_ENV]));
+        let mut p = serde_json::json!({"env": ["PATH=/x"]});
+        default_exec_path_env(&mut p);
+        assert_eq!(p["env"], serde_json::json!(["PATH=/x"]));
+    }
+
+    #[test]
+    fn a_spec_with_nothing_to_run_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Bundle::new(dir.path());
+        std::fs::write(
+            b.config_path(),
+            r#"{"ociVersion":"1.0.2","process":{"cwd":"/","args":[],"user":{"uid":0,"gid":0}}}"#,
+        )
+        .unwrap();
+        let e = b.load_spec().err().unwrap();
+        assert!(matches!(e, ShimError::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("config.json: process.args is empty"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_bind_source_added_by_a_plugin_is_named() {
+        let mut adj = api::ContainerAdjustment::new();
+        adj.mounts.push(api::Mount {
+            destination: "/data".into(),
+            source: "/nonexistent/nri-shim-test".into(),
+            type_: "bind".into(),
+            ..Default::default()
+        });
+        let e = check_nri_mounts(&adj).unwrap_err().to_string();
+        assert!(e.contains("/data") && e.contains("/nonexistent/nri-shim-test"), "{e}");
+    }
+}

@@ -1,0 +1,232 @@
+//! Task.Create: NRI adjusts the spec, the runner creates the container.
+//!
+//! Order (NRI's, as containerd's CRI plugin drives it): RunPodSandbox the
+//! first time a pod is seen, CreateContainer (the merged adjustment is
+//! applied to the spec and `config.json` rewritten), updates of other
+//! containers, the runner's create, the `/tasks/create` event, then
+//! PostCreateContainer. A failure at any step undoes the steps before it.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex, atomic::AtomicBool},
+};
+
+use containerd_shim_protos::{api as task_api, events::task as ev};
+use nri_adaptation::{api, convert, spec};
+use protobuf::MessageField;
+
+use super::{
+    Service,
+    process::{Proc, Task},
+    short_hash,
+};
+use crate::{
+    bundle::{self, Bundle},
+    error::Result,
+    events::topics,
+    io::{ProcessIo, StdioSpec},
+    nri::{self, Identity, Role},
+    runner::CreateRequest,
+    sync::lock,
+};
+
+/// Undo actions for a create that fails half-way.
+#[derive(Default)]
+struct Undo {
+    nri_container: Option<(api::PodSandbox, api::Container)>,
+    nri_pod: Option<api::PodSandbox>,
+    config: Option<Vec<u8>>,
+    mounts: Vec<PathBuf>,
+    runner_created: bool,
+}
+
+impl Service {
+    /// Creates a task: NRI adjusts the spec, the runner creates the
+    /// container. On any failure nothing is left behind (no container
+    /// state, cgroup, mount or socket; the id can be used again at once).
+    ///
+    /// # Errors
+    /// [`ShimError::AlreadyExists`], [`ShimError::Nri`] when plugins refuse
+    /// the container, [`ShimError::InvalidArgument`] for a bad spec or
+    /// stdio, [`ShimError::Runtime`] when the runner fails.
+    pub async fn create(&self, ns: &str, req: task_api::CreateTaskRequest) -> Result<task_api::CreateTaskResponse> {
+        let reservation = self.inner.tasks.reserve(ns, &req.id)?;
+        let log_key = format!("{ns}/{}", req.id);
+        crate::shimlog::SHIM_LOG.attach(&log_key, std::path::Path::new(&req.bundle));
+        let mut undo = Undo::default();
+        match self.create_inner(ns, &req, &mut undo).await {
+            Ok(task) => {
+                reservation.insert(task.clone());
+                self.announce_created(&task, &req).await;
+                let pid = task.init.pid();
+                tracing::info!(task = %req.id, namespace = ns, pid, "task created");
+                Ok(task_api::CreateTaskResponse {
+                    pid,
+                    ..Default::default()
+                })
+            }
+            Err(e) => {
+                tracing::warn!(task = %req.id, namespace = ns, error = %e, "create failed, cleaning up");
+                self.undo_create(ns, &req, undo).await;
+                drop(reservation);
+                crate::shimlog::SHIM_LOG.detach(&log_key);
+                Err(e)
+            }
+        }
+    }
+
+    async fn create_inner(&self, ns: &str, req: &task_api::CreateTaskRequest, undo: &mut Undo) -> Result<Arc<Task>> {
+        let id = req.id.as_str();
+        let bundle = Bundle::new(&req.bundle);
+        let loaded = bundle.load_spec()?;
+        let mut spec = loaded.spec;
+        tracing::debug!(task = id, root = ?spec.root(), args = ?spec.process().as_ref().and_then(|p| p.args().clone()), "creating");
+        let defaulted_path = bundle::default_path_env(&mut spec);
+        undo.mounts = bundle::mount_rootfs(&req.rootfs, &bundle.rootfs())?;
+        let Identity { role, pod, name } = nri::identify(ns, id, &spec);
+        let nri = self.nri();
+        let (pod, announced) = self.ensure_pod(&nri, role, pod).await?;
+        if announced {
+            undo.nri_pod = Some(pod.clone());
+        }
+        let mut container = convert::container_from_spec(id, &pod.id, &name, &spec);
+        if let Some(image) = spec.annotations().as_ref().and_then(|a| a.get(nri::IMAGE_NAME)) {
+            container.image.mut_or_insert_default().name = image.clone();
+        }
+        let mut updates = Vec::new();
+        if role != Role::Sandbox {
+            // Undone even when a plugin refuses: plugins called before it
+            // may hold resources for this container.
+            undo.nri_container = Some((pod.clone(), container.clone()));
+            let rsp = nri
+                .create_container(api::CreateContainerRequest {
+                    pod: MessageField::some(pod.clone()),
+                    container: MessageField::some(container.clone()),
+                    ..Default::default()
+                })
+                .await?;
+            bundle::check_nri_mounts(rsp.adjust.get_or_default())?;
+            spec::adjust(&mut spec, rsp.adjust.get_or_default())?;
+            updates = rsp.update;
+        }
+        if role != Role::Sandbox || defaulted_path {
+            bundle.write_spec(&spec)?;
+            undo.config = Some(loaded.original);
+        }
+        if role != Role::Sandbox {
+            container = convert::container_from_spec(id, &pod.id, &name, &spec);
+            if !updates.is_empty() {
+                let failed = self.apply_updates(updates).await;
+                if !failed.is_empty() {
+                    tracing::warn!(task = id, failed = failed.len(), "some NRI container updates failed");
+                }
+            }
+        }
+        let cgroups_path = spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().clone())
+            .unwrap_or_else(|| PathBuf::from(format!("/nri-shim/{ns}/{id}")));
+        let stdio = StdioSpec {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        let mut io = ProcessIo::prepare(&stdio, &self.console_path(ns, id))?;
+        undo.runner_created = true;
+        let fds = io.take_fds()?;
+        let process = self
+            .runner()
+            .create(
+                CreateRequest {
+                    id,
+                    bundle: bundle.dir(),
+                    console_socket: io.console_socket.as_deref(),
+                },
+                fds,
+            )
+            .await?;
+        io.attach_console()?;
+        container.pid = process.pid() as u32;
+        let init = Proc::new("", stdio, None);
+        *lock(&init.process) = Some(process);
+        *lock(&init.io) = Some(io);
+        bundle.clear_exit_status();
+        let rootfs_mounts = std::mem::take(&mut undo.mounts);
+        *undo = Undo::default();
+        Ok(Arc::new(Task {
+            ns: ns.to_string(),
+            id: id.to_string(),
+            bundle: bundle.dir().to_path_buf(),
+            role,
+            pod_id: pod.id.clone(),
+            cgroups_path,
+            container: Mutex::new(container),
+            init,
+            execs: Mutex::new(HashMap::new()),
+            stopped_nri: tokio::sync::Mutex::new(false),
+            sigkilled: AtomicBool::new(false),
+            rootfs_mounts,
+        }))
+    }
+
+    /// After the task is in the table: the exit watcher, the create event,
+    /// then PostCreateContainer.
+    async fn announce_created(&self, task: &Arc<Task>, req: &task_api::CreateTaskRequest) {
+        tokio::spawn(self.clone().watch_exit(task.clone(), task.init.clone()));
+        let mut ev = ev::TaskCreate {
+            container_id: task.id.clone(),
+            bundle: req.bundle.clone(),
+            rootfs: req.rootfs.clone(),
+            pid: task.init.pid(),
+            ..Default::default()
+        };
+        let io_ev = ev.io.mut_or_insert_default();
+        io_ev.stdin = req.stdin.clone();
+        io_ev.stdout = req.stdout.clone();
+        io_ev.stderr = req.stderr.clone();
+        io_ev.terminal = req.terminal;
+        self.publish(&task.ns, topics::CREATE, Box::new(ev));
+        if task.role != Role::Sandbox {
+            let pod = self.pod(&task.pod_id);
+            if let Err(e) = self.nri().post_create_container(&pod, &task.nri_container()).await {
+                tracing::warn!(task = %task.id, error = %e, "NRI PostCreateContainer failed");
+            }
+        }
+    }
+
+    /// The console socket of a task's init.
+    fn console_path(&self, ns: &str, id: &str) -> PathBuf {
+        self.inner
+            .state_root
+            .join(format!("{}.console", short_hash(&format!("{ns}/{id}"))))
+    }
+
+    async fn undo_create(&self, ns: &str, req: &task_api::CreateTaskRequest, undo: Undo) {
+        let nri = self.nri();
+        if undo.runner_created {
+            let _ = self.runner().delete(&req.id, None).await;
+        }
+        // As containerd does for a failed create: tell plugins it is gone.
+        if let Some((pod, c)) = &undo.nri_container {
+            let _ = nri
+                .stop_container(api::StopContainerRequest {
+                    pod: MessageField::some(pod.clone()),
+                    container: MessageField::some(c.clone()),
+                    ..Default::default()
+                })
+                .await;
+            let _ = nri.remove_container(pod, c).await;
+        }
+        if let Some(pod) = &undo.nri_pod {
+            self.forget_pod(&nri, pod).await;
+        }
+        if let Some(original) = undo.config {
+            Bundle::new(&req.bundle).restore_spec(&original);
+        }
+        bundle::unmount_all(&undo.mounts);
+        let _ = std::fs::remove_file(self.console_path(ns, &req.id));
+    }
+}

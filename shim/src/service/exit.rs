@@ -1,0 +1,109 @@
+//! Exit watching: each process's exit is reaped once and published in
+//! the order containerd relies on: after the process's start event, an
+//! init's after its execs' (containerd #9719), `/tasks/oom` before the
+//! init's `/tasks/exit`; a process that never started has no exit event
+//! (containerd #6429). Then NRI StopContainer, once.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use containerd_shim_protos::events::task as ev;
+use nri_adaptation::api;
+use protobuf::MessageField;
+
+use super::{
+    Service, Status,
+    process::{Proc, Task},
+    timestamp,
+};
+use crate::{events::topics, io::ProcessIo, monitor::ExitStatus, sync::lock};
+
+/// How long an exit waits for the terminal output to be copied.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an init's exit waits for each started exec's.
+const EXEC_EXIT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an exit waits for the outcome of a start in progress.
+const START_OUTCOME_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Service {
+    /// Waits for `proc`'s exit and publishes it (see the module docs).
+    pub(super) async fn watch_exit(self, task: Arc<Task>, proc: Arc<Proc>) {
+        let Some(process) = proc.process() else {
+            return;
+        };
+        let st = match process.wait().await {
+            Ok(st) => st,
+            Err(e) => {
+                tracing::error!(task = %task.id, pid = process.pid(), error = %e, "cannot reap process");
+                ExitStatus {
+                    code: 255,
+                    at: SystemTime::now(),
+                }
+            }
+        };
+        let drained = lock(&proc.io).as_mut().and_then(ProcessIo::output_drained);
+        if let Some(done) = drained {
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, done).await;
+        }
+        if let Some(io) = lock(&proc.io).as_ref() {
+            io.close_stdin();
+        }
+        tracing::info!(task = %task.id, exec = %proc.exec_id, pid = process.pid(), exit_status = st.code, "process exited");
+        let was = proc.status.update(Status::exit);
+        let is_init = proc.exec_id.is_empty();
+        if is_init {
+            crate::bundle::Bundle::new(&task.bundle).write_exit_status(st.code);
+            lock(&task.container).state = api::ContainerState::CONTAINER_STOPPED.into();
+            // Execs die with the init's pid namespace: publish their exits first.
+            let execs: Vec<Arc<Proc>> = lock(&task.execs).values().cloned().collect();
+            for e in execs {
+                if *e.started.borrow() == Some(true) {
+                    let _ = tokio::time::timeout(EXEC_EXIT_TIMEOUT, e.wait_exit()).await;
+                }
+            }
+        }
+        let publish = match was {
+            Status::Created => false,
+            _ => {
+                let mut rx = proc.started.subscribe();
+                tokio::time::timeout(START_OUTCOME_TIMEOUT, rx.wait_for(Option::is_some))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok().map(|v| *v == Some(true)))
+                    .unwrap_or(false)
+            }
+        };
+        if publish {
+            if is_init && self.runner().oom_kills(task.target()).await.unwrap_or(0) > 0 {
+                self.publish(
+                    &task.ns,
+                    topics::OOM,
+                    Box::new(ev::TaskOOM {
+                        container_id: task.id.clone(),
+                        ..Default::default()
+                    }),
+                );
+            }
+            self.publish(
+                &task.ns,
+                topics::EXIT,
+                Box::new(ev::TaskExit {
+                    container_id: task.id.clone(),
+                    id: if is_init { task.id.clone() } else { proc.exec_id.clone() },
+                    pid: process.pid() as u32,
+                    exit_status: st.code,
+                    exited_at: MessageField::some(timestamp(st.at)),
+                    ..Default::default()
+                }),
+            );
+        }
+        proc.record_exit(st);
+        proc.reaped.send_replace(true);
+        if is_init {
+            lock(&task.container).exit_code = st.code as i32;
+            self.nri_stopped(&task).await;
+        }
+    }
+}
