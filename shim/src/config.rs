@@ -62,27 +62,65 @@ pub enum ConfigError {
     },
 }
 
-/// A duration written as containerd writes them: `"5s"`, `"500ms"`, `"2m"`, `"1h"`.
+/// A duration written as containerd writes them (Go's
+/// `time.ParseDuration`): `"5s"`, `"500ms"`, `"1m30s"`, `"1.5h"`.
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
-    parse_duration(&s)
-        .ok_or_else(|| serde::de::Error::custom(format!("invalid duration {s:?} (use e.g. \"2s\", \"500ms\")")))
+    parse_duration(&s).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "invalid duration {s:?} (Go form: a number and a unit ns, us, ms, s, m or h, repeated, e.g. \"2s\", \"500ms\", \"1m30s\")"
+        ))
+    })
 }
 
-/// Parses `"<number><unit>"` with unit `ms`, `s`, `m` or `h`.
+/// Parses a duration in Go's `time.ParseDuration` form, which containerd's
+/// NRI keys take: one or more `<decimal><unit>` with unit `ns`, `us` (`µs`),
+/// `ms`, `s`, `m` or `h`, or `0` alone. No sign, no spaces. `None` for
+/// anything else, including a value too large for a [`Duration`].
 pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return None,
-    };
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+    // humantime computes the value (with fractions and overflow checks);
+    // the grammar check keeps it to what Go accepts.
+    humantime::parse_duration(&go_duration(s.trim())?).ok()
+}
+
+/// Checks Go's duration grammar (unsigned) and spells it as humantime
+/// reads it: `.5s` as `0.5s`, `5.s` as `5.0s`, the Greek mu as the micro sign.
+fn go_duration(s: &str) -> Option<String> {
+    if s == "0" {
+        return Some("0s".into());
+    }
+    let mut rest = s;
+    let mut out = String::with_capacity(s.len() + 2);
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let num = &rest[..num_len];
+        if num.is_empty() || num == "." || num.matches('.').count() > 1 {
+            return None;
+        }
+        if num.starts_with('.') {
+            out.push('0');
+        }
+        out.push_str(num);
+        if num.ends_with('.') {
+            out.push('0');
+        }
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        if !matches!(unit, "ns" | "us" | "µs" | "μs" | "ms" | "s" | "m" | "h") {
+            return None;
+        }
+        out.push_str(if unit == "μs" { "µs" } else { unit });
+        rest = &rest[unit_len..];
+    }
+    Some(out)
 }
 
 /// The `[nri]` table.
@@ -405,5 +443,38 @@ mod tests {
         assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
         assert_eq!(parse_duration("5"), None);
         assert_eq!(parse_duration("5d"), None);
+    }
+
+    #[test]
+    fn durations_in_go_form() {
+        let ms = Duration::from_millis;
+        for (s, d) in [
+            ("1m30s", ms(90_000)),
+            ("2h45m", ms(9_900_000)),
+            ("1.5h", ms(5_400_000)),
+            ("300us", Duration::from_micros(300)),
+            ("5µs", Duration::from_micros(5)),
+            ("10ns", Duration::from_nanos(10)),
+            ("0", Duration::ZERO),
+            (".5s", ms(500)),
+            ("5.s", ms(5000)),
+            ("3μs", Duration::from_micros(3)),
+        ] {
+            assert_eq!(parse_duration(s), Some(d), "{s}");
+        }
+        for s in [
+            "",
+            "-1s",
+            "1m 30s",
+            "1x",
+            "s",
+            ".s",
+            "1..5s",
+            "1sµ",
+            "µ5s",
+            "99999999999999999999h",
+        ] {
+            assert_eq!(parse_duration(s), None, "{s:?}");
+        }
     }
 }

@@ -269,18 +269,13 @@ impl ProcessIo {
             .master
             .as_ref()
             .ok_or_else(|| ShimError::NotFound("process has no terminal".into()))?;
-        let ws = libc::winsize {
-            ws_row: height as u16,
-            ws_col: width as u16,
+        let ws = rustix::termios::Winsize {
+            ws_row: height.min(u16::MAX.into()) as u16,
+            ws_col: width.min(u16::MAX.into()) as u16,
             ws_xpixel: 0,
             ws_ypixel: 0,
         };
-        // SAFETY: TIOCSWINSZ with a valid winsize on our master fd.
-        let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
-        if rc < 0 {
-            return Err(ShimError::io("resize terminal", io::Error::last_os_error()));
-        }
-        Ok(())
+        rustix::termios::tcsetwinsize(master.as_ref(), ws).map_err(|e| ShimError::io("resize terminal", e.into()))
     }
 
     /// After the process exited: what to await (bounded) so the exit event

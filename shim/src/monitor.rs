@@ -9,9 +9,11 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
     time::SystemTime,
 };
+
+use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 
 use tokio::io::unix::AsyncFd;
 
@@ -26,12 +28,13 @@ pub struct ExitStatus {
 }
 
 impl ExitStatus {
-    /// The status for a raw `waitid` result.
-    pub fn from_wait(code: i32, status: i32) -> ExitStatus {
-        let code = match code {
-            libc::CLD_EXITED => status as u32,
-            libc::CLD_KILLED | libc::CLD_DUMPED => 128 + status as u32,
-            _ => 255,
+    /// The status for a `waitid` result: the exit code, or 128 + the
+    /// terminating signal.
+    pub fn from_waitid(st: &rustix::process::WaitIdStatus) -> ExitStatus {
+        let code = match (st.exit_status(), st.terminating_signal()) {
+            (Some(code), _) => code as u32,
+            (None, Some(sig)) => 128 + sig as u32,
+            (None, None) => 255,
         };
         ExitStatus {
             code,
@@ -46,13 +49,7 @@ impl ExitStatus {
 /// # Errors
 /// The prctl error.
 pub fn set_subreaper() -> io::Result<()> {
-    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes no pointers.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(io::Error::from)
 }
 
 /// Pids some other code waits for (watched container processes, helper
@@ -160,13 +157,8 @@ impl PidFd {
     /// # Errors
     /// `ESRCH` if no such process (already reaped), or the syscall error.
     pub fn open(pid: i32) -> io::Result<PidFd> {
-        // SAFETY: pidfd_open takes a pid and flags; returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the syscall returned a fresh fd we own.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let raw = Pid::from_raw(pid).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+        let owned = rustix::process::pidfd_open(raw, PidfdFlags::empty())?;
         // SAFETY: the AsyncFd owns the pidfd; it is never closed elsewhere
         // while registered.
         let fd = unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE)? };
@@ -178,26 +170,21 @@ impl PidFd {
         self.pid
     }
 
-    /// Sends `signal` through the pidfd (no pid-reuse race).
+    /// Sends `signal` through the pidfd (no pid-reuse race). Signal 0
+    /// only checks that the process exists.
     ///
     /// # Errors
-    /// `ESRCH` once the process has exited.
+    /// `ESRCH` once the process has exited, `EINVAL` for a number that is
+    /// no signal.
     pub fn kill(&self, signal: i32) -> io::Result<()> {
-        // SAFETY: pidfd_send_signal with a null siginfo.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.fd.get_ref().as_raw_fd(),
-                signal,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+        if signal == 0 {
+            // A zombie still exists for kill(2); for the caller it finished.
+            return match self.exited_status()? {
+                Some(_) => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+                None => Ok(()),
+            };
         }
+        rustix::process::pidfd_send_signal(self.fd.get_ref(), to_signal(signal)?).map_err(io::Error::from)
     }
 
     /// Waits for the process to exit and reaps it. The process must be a
@@ -207,7 +194,7 @@ impl PidFd {
     /// The `waitid` error (`ECHILD` when it is not our child).
     pub async fn wait(&self) -> io::Result<ExitStatus> {
         loop {
-            if let Some(st) = self.try_reap()? {
+            if let Some(st) = self.reap(WaitIdOptions::EXITED | WaitIdOptions::NOHANG)? {
                 return Ok(st);
             }
             let mut guard = self.fd.readable().await?;
@@ -215,32 +202,36 @@ impl PidFd {
         }
     }
 
-    fn try_reap(&self) -> io::Result<Option<ExitStatus>> {
-        // SAFETY: siginfo_t is plain data; waitid fills it.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid on our pidfd with a valid siginfo pointer.
-        let rc = unsafe {
-            libc::waitid(
-                libc::P_PIDFD,
-                self.fd.get_ref().as_raw_fd() as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG,
-            )
-        };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                return Ok(None);
-            }
-            return Err(e);
-        }
-        // SAFETY: reading the union fields waitid set for CLD_* codes.
-        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
-        if pid == 0 {
-            return Ok(None); // WNOHANG: still running
-        }
-        Ok(Some(ExitStatus::from_wait(info.si_code, status)))
+    /// The exit status if the process has exited, without reaping it.
+    fn exited_status(&self) -> io::Result<Option<ExitStatus>> {
+        self.reap(WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT)
     }
+
+    fn reap(&self, options: WaitIdOptions) -> io::Result<Option<ExitStatus>> {
+        loop {
+            match rustix::process::waitid(WaitId::PidFd(self.fd.get_ref().as_fd()), options) {
+                Ok(None) => return Ok(None), // NOHANG: still running
+                Ok(Some(st)) => return Ok(Some(ExitStatus::from_waitid(&st))),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// A signal number as containerd sends it: a named signal or a real-time
+/// one (systemd images stop on SIGRTMIN+3).
+fn to_signal(n: i32) -> io::Result<Signal> {
+    if let Some(s) = Signal::from_named_raw(n) {
+        return Ok(s);
+    }
+    if (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&n) {
+        // SAFETY: a real-time signal the libc leaves to applications (the
+        // libc's own reserved ones are below SIGRTMIN); it is only sent to
+        // another process, never handled or blocked here.
+        return Ok(unsafe { Signal::from_raw_unchecked(n) });
+    }
+    Err(io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 #[cfg(test)]
@@ -274,5 +265,31 @@ mod tests {
         let fd = PidFd::open(pid).unwrap();
         assert_eq!(fd.wait().await.unwrap().code, 0);
         assert_eq!(fd.kill(libc::SIGKILL).unwrap_err().raw_os_error(), Some(libc::ESRCH));
+    }
+
+    #[tokio::test]
+    async fn any_signal_containerd_may_send_is_delivered() {
+        // A real-time signal (systemd's stop signal) kills a shell with 128+n.
+        let rt = libc::SIGRTMIN() + 3;
+        let child = std::process::Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let fd = PidFd::open(child.id() as i32).unwrap();
+        std::mem::forget(child);
+        fd.kill(0).unwrap();
+        assert_eq!(fd.kill(1000).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        fd.kill(rt).unwrap();
+        assert_eq!(fd.wait().await.unwrap().code, 128 + rt as u32);
+    }
+
+    #[tokio::test]
+    async fn a_probe_of_an_exited_process_is_esrch_and_keeps_its_status() {
+        let child = std::process::Command::new("/bin/sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .unwrap();
+        let fd = PidFd::open(child.id() as i32).unwrap();
+        std::mem::forget(child);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(fd.kill(0).unwrap_err().raw_os_error(), Some(libc::ESRCH));
+        assert_eq!(fd.wait().await.unwrap().code, 7);
     }
 }
