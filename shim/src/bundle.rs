@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use containerd_shim_protos::types::mount::Mount;
+use nix::mount::MsFlags;
 use nri_adaptation::api;
 use oci_spec::runtime::Spec;
 
@@ -134,49 +135,107 @@ pub fn default_exec_path_env(process: &mut serde_json::Value) {
 /// Mounts the task's rootfs layers (snapshotter mounts) on `target`;
 /// returns what to unmount. On failure, what was mounted is undone.
 ///
+/// Options are read as runc reads a spec mount's (libcontainer's own
+/// parser): flag options (`ro`, `nosuid`, `noatime`, `rbind`, ...) become
+/// mount flags, the clearing ones (`rw`, `dev`, `atime`, ...) clear them,
+/// propagation options (`rprivate`, `shared`, ...) are applied by a second
+/// mount call as the kernel requires, and only the rest (`lowerdir=...`,
+/// `index=off`, ...) is passed to the filesystem as data.
+///
 /// # Errors
-/// The mount error naming source, type and target.
+/// The mount error naming source, type and target;
+/// [`ShimError::InvalidArgument`] for recursive attribute options
+/// (`rro`, `rnosuid`, ...), which rootfs mounts do not take.
 pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<Vec<PathBuf>> {
-    use nix::mount::{MsFlags, mount};
     let mut done = Vec::new();
     for m in mounts {
-        let mut flags = MsFlags::empty();
-        let mut data = Vec::new();
-        for o in &m.options {
-            match o.as_str() {
-                "ro" => flags |= MsFlags::MS_RDONLY,
-                "rw" => {}
-                "bind" => flags |= MsFlags::MS_BIND,
-                "rbind" => flags |= MsFlags::MS_BIND | MsFlags::MS_REC,
-                "nosuid" => flags |= MsFlags::MS_NOSUID,
-                "nodev" => flags |= MsFlags::MS_NODEV,
-                "noexec" => flags |= MsFlags::MS_NOEXEC,
-                other => data.push(other),
-            }
-        }
-        let data = data.join(",");
-        let fstype = if m.type_.is_empty() {
-            None
-        } else {
-            Some(m.type_.as_str())
-        };
-        std::fs::create_dir_all(target).map_err(|e| ShimError::io("create rootfs dir", e))?;
-        if let Err(e) = mount(
-            Some(m.source.as_str()),
-            target,
-            fstype,
-            flags,
-            if data.is_empty() { None } else { Some(data.as_str()) },
-        ) {
+        if let Err(e) = mount_one(m, target) {
             unmount_all(&done);
-            return Err(ShimError::io(
-                format!("mount rootfs {} ({}) on {}", m.source, m.type_, target.display()),
-                e.into(),
-            ));
+            return Err(e);
         }
         done.push(target.to_path_buf());
     }
     Ok(done)
+}
+
+/// Mount flags, filesystem data and propagation of one mount, as runc
+/// reads its options.
+#[derive(Debug, PartialEq)]
+struct MountOptions {
+    flags: MsFlags,
+    data: Vec<String>,
+    /// Propagation (`MS_SHARED`, ... with `MS_REC` for the `r` forms),
+    /// applied by its own mount call after the mount.
+    propagation: MsFlags,
+}
+
+fn mount_one(m: &Mount, target: &Path) -> Result<()> {
+    let describe = || format!("mount rootfs {} ({}) on {}", m.source, m.type_, target.display());
+    let o = parse_options(m)?;
+    std::fs::create_dir_all(target).map_err(|e| ShimError::io("create rootfs dir", e))?;
+    let data = o.data.join(",");
+    let fstype = (!m.type_.is_empty()).then_some(m.type_.as_str());
+    nix::mount::mount(
+        Some(m.source.as_str()),
+        target,
+        fstype,
+        o.flags,
+        (!data.is_empty()).then_some(data.as_str()),
+    )
+    .map_err(|e| ShimError::io(describe(), e.into()))?;
+    if !o.propagation.is_empty()
+        && let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, o.propagation, None::<&str>)
+    {
+        unmount_all(&[target.to_path_buf()]);
+        return Err(ShimError::io(format!("{}: propagation", describe()), e.into()));
+    }
+    Ok(())
+}
+
+/// Propagation options: libcontainer's option parser treats them as
+/// clearing flags (so `rbind,rprivate` would lose `MS_REC`); runc keeps
+/// them apart, and so do we.
+fn propagation(option: &str) -> Option<MsFlags> {
+    let (rec, kind) = match option.strip_prefix('r') {
+        Some(k @ ("private" | "shared" | "slave" | "unbindable")) => (MsFlags::MS_REC, k),
+        _ => (MsFlags::empty(), option),
+    };
+    let flag = match kind {
+        "private" => MsFlags::MS_PRIVATE,
+        "shared" => MsFlags::MS_SHARED,
+        "slave" => MsFlags::MS_SLAVE,
+        "unbindable" => MsFlags::MS_UNBINDABLE,
+        _ => return None,
+    };
+    Some(flag | rec)
+}
+
+/// Reads a mount's options as runc does: propagation apart, the rest
+/// through libcontainer's own parser (flags set and cleared in order,
+/// unknown options as filesystem data).
+fn parse_options(m: &Mount) -> Result<MountOptions> {
+    let (prop, rest): (Vec<&String>, Vec<&String>) = m.options.iter().partition(|o| propagation(o).is_some());
+    let spec_mount = oci_spec::runtime::MountBuilder::default()
+        .destination("/")
+        .typ(m.type_.clone())
+        .source(m.source.clone())
+        .options(rest.into_iter().cloned().collect::<Vec<_>>())
+        .build()
+        .map_err(|e| ShimError::InvalidArgument(format!("rootfs mount {}: {e}", m.source)))?;
+    let parsed = libcontainer::rootfs::utils::parse_mount(&spec_mount)
+        .map_err(|e| ShimError::InvalidArgument(format!("rootfs mount {}: options {:?}: {e}", m.source, m.options)))?;
+    if parsed.rec_attr.is_some() {
+        return Err(ShimError::InvalidArgument(format!(
+            "rootfs mount {}: recursive attribute options in {:?} are not supported",
+            m.source, m.options
+        )));
+    }
+    Ok(MountOptions {
+        flags: parsed.flags,
+        data: parsed.data,
+        // The last propagation option wins, as in runc.
+        propagation: prop.last().and_then(|o| propagation(o)).unwrap_or(MsFlags::empty()),
+    })
 }
 
 /// Unmounts (lazily, last first) what [`mount_rootfs`] mounted.
@@ -235,6 +294,84 @@ mod tests {
         let e = b.load_spec().err().unwrap();
         assert!(matches!(e, ShimError::InvalidArgument(_)), "{e}");
         assert!(e.to_string().contains("config.json: process.args is empty"), "{e}");
+    }
+
+    fn mount(options: &[&str]) -> Mount {
+        Mount {
+            type_: "overlay".into(),
+            source: "overlay".into(),
+            options: options.iter().map(|o| o.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn flag_options_are_flags_and_only_the_rest_is_filesystem_data() {
+        let p = parse_options(&mount(&[
+            "ro",
+            "noatime",
+            "nosuid",
+            "nodev",
+            "rprivate",
+            "index=off",
+            "lowerdir=/a:/b",
+            "upperdir=/u",
+        ]))
+        .unwrap();
+        assert_eq!(p.data, ["index=off", "lowerdir=/a:/b", "upperdir=/u"]);
+        assert_eq!(
+            p.flags,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOATIME | MsFlags::MS_NOSUID | MsFlags::MS_NODEV
+        );
+        assert_eq!(p.propagation, MsFlags::MS_PRIVATE | MsFlags::MS_REC);
+        // Clearing options clear what came before them, as in runc; a
+        // propagation option does not take MS_REC from rbind.
+        let p = parse_options(&mount(&["ro", "rw", "nodev", "dev", "rbind", "rprivate", "shared"])).unwrap();
+        assert!(p.data.is_empty(), "{:?}", p.data);
+        assert_eq!(p.flags, MsFlags::MS_BIND | MsFlags::MS_REC);
+        assert_eq!(p.propagation, MsFlags::MS_SHARED);
+        assert!(matches!(
+            parse_options(&mount(&["rro"])),
+            Err(ShimError::InvalidArgument(_))
+        ));
+    }
+
+    /// Needs root (as every machine of the project runs tests): a real
+    /// overlay mount with a flag option among the snapshotter's options.
+    /// Passed as filesystem data, `noatime` made overlayfs refuse the mount.
+    #[test]
+    fn an_overlay_rootfs_with_flag_options_mounts() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = |n: &str| {
+            let p = dir.path().join(n);
+            std::fs::create_dir_all(&p).unwrap();
+            p
+        };
+        let (lower, upper, work, target) = (d("lower"), d("upper"), d("work"), dir.path().join("rootfs"));
+        std::fs::write(lower.join("hello"), "from lower").unwrap();
+        let m = Mount {
+            type_: "overlay".into(),
+            source: "overlay".into(),
+            options: vec![
+                "index=off".into(),
+                "noatime".into(),
+                "nodev".into(),
+                format!("lowerdir={}", lower.display()),
+                format!("upperdir={}", upper.display()),
+                format!("workdir={}", work.display()),
+            ],
+            ..Default::default()
+        };
+        let mounted = mount_rootfs(&[m], &target).expect("overlay mount (the test runs as root)");
+        let seen = std::fs::read_to_string(target.join("hello"));
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        unmount_all(&mounted);
+        assert_eq!(seen.unwrap(), "from lower");
+        let line = info
+            .lines()
+            .find(|l| l.contains(&*target.to_string_lossy()))
+            .expect("in mountinfo");
+        assert!(line.contains("noatime") && line.contains("nodev"), "{line}");
     }
 
     #[test]
