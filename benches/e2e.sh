@@ -4,14 +4,14 @@
 #   (a) Debian's runc v2 shim, (b) nri-shim without plugins,
 #   (c) nri-shim with 2 plugin processes (nri-adjuster + nri-logger);
 # and the nri-shim daemon's RSS with 20 running containers.
-# Run as root (builds the release binaries first). Prints one line per figure.
+# Run as root (builds the `dist` binaries first: the node artifact). Prints one line per figure.
 # NRI_SHIM_BIN=path compares another build of the shim.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
 N=${1:-20}
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static bc
-cargo build --release --locked -q -p nri-shim -p nri-adjuster -p nri-logger
+cargo build --profile dist --locked -q -p nri-shim -p nri-adjuster -p nri-logger
 
 median_run() { # DIR RUNTIME LABEL
     local t=$1 rt=$2 label=$3 times=()
@@ -33,13 +33,13 @@ median_run() { # DIR RUNTIME LABEL
 setup() { # DIR PLUGINS(0|2)
     local t=$1
     mkdir -p "$t/bin"
-    ln -sf "${NRI_SHIM_BIN:-$PWD/target/release/containerd-shim-nri-shim-v2}" "$t/bin/containerd-shim-nri-shim-v2"
+    ln -sf "${NRI_SHIM_BIN:-$PWD/target/dist/containerd-shim-nri-shim-v2}" "$t/bin/containerd-shim-nri-shim-v2"
     nri_busybox_rootfs "$t/rootfs"
     mkdir -p "$t/plugins" "$t/conf.d"
     if [ "$2" = 2 ]; then
-        cp target/release/nri-adjuster "$t/plugins/10-adjuster"
+        cp target/dist/nri-adjuster "$t/plugins/10-adjuster"
         cp testdata/plugins/adjuster.toml "$t/conf.d/10-adjuster.conf"
-        cp target/release/nri-logger "$t/plugins/90-logger"
+        cp target/dist/nri-logger "$t/plugins/90-logger"
     fi
     nri_containerd_start "$t" "$t/bin" 60s
 }
