@@ -78,6 +78,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// `eprintln!("my-plugin: error: {}", nri_stub::error_chain(e.as_ref()))`.
 pub use nri_proto::error_chain;
 
+#[cfg(feature = "cli")]
+pub mod cli;
+
 /// Why a stub could not be built, connect, register or keep running.
 #[derive(Debug, thiserror::Error)]
 pub enum StubError {
