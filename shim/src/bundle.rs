@@ -121,6 +121,20 @@ pub fn default_path_env(spec: &mut Spec) -> bool {
     true
 }
 
+/// Does the spec give the container a new PID namespace? Not when it has
+/// no `pid` namespace entry (host PID) or joins one by path (a pod's
+/// shared PID namespace): containerd's runc shim reads it the same way to
+/// decide whether to kill all of a container's processes when its init exits.
+pub fn has_own_pid_namespace(spec: &Spec) -> bool {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .is_some_and(|ns| {
+            ns.iter()
+                .any(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::Pid && n.path().is_none())
+        })
+}
+
 /// [`default_path_env`] for an exec's OCI process, given as JSON.
 pub fn default_exec_path_env(process: &mut serde_json::Value) {
     if let Some(env) = process.get_mut("env").and_then(|e| e.as_array_mut()) {
@@ -280,6 +294,22 @@ mod tests {
         let mut p = serde_json::json!({"env": ["PATH=/x"]});
         default_exec_path_env(&mut p);
         assert_eq!(p["env"], serde_json::json!(["PATH=/x"]));
+    }
+
+    #[test]
+    fn own_pid_namespace_only_when_new() {
+        let spec = |ns: serde_json::Value| -> Spec {
+            serde_json::from_value(serde_json::json!({"ociVersion": "1.0.2", "linux": {"namespaces": ns}})).unwrap()
+        };
+        assert!(has_own_pid_namespace(&spec(
+            serde_json::json!([{"type": "pid"}, {"type": "mount"}])
+        )));
+        assert!(!has_own_pid_namespace(&spec(serde_json::json!([{"type": "mount"}]))));
+        assert!(!has_own_pid_namespace(&spec(
+            serde_json::json!([{"type": "pid", "path": "/proc/1/ns/pid"}])
+        )));
+        let no_linux: Spec = serde_json::from_value(serde_json::json!({"ociVersion": "1.0.2"})).unwrap();
+        assert!(!has_own_pid_namespace(&no_linux));
     }
 
     #[test]

@@ -590,3 +590,67 @@ async fn nri_bind_mount_with_missing_source_is_named() {
     f.service.delete("test", "bm", "").await.unwrap();
     f.nri.stop().await;
 }
+
+/// runc's rule for containers without a PID namespace of their own (host
+/// PID, a pod's shared PID namespace): when the init exits, every other
+/// process of the container is killed. Left running, they keep the stdio
+/// open and CRI's StopContainer waits forever; an exec kept running too.
+#[tokio::test(flavor = "current_thread")]
+async fn init_exit_kills_what_is_left_without_an_own_pid_namespace() {
+    let f = Fixture::new().await;
+    let bundle = f.bundle_ns(
+        "hostpid",
+        &["/bin/sh", "-c", "sleep 1000 & sleep 0.5; exit 3"],
+        &["ipc", "uts", "mount"],
+    );
+    f.service
+        .create(
+            "test",
+            task_api::CreateTaskRequest {
+                id: "hostpid".into(),
+                bundle: bundle.to_string_lossy().into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    f.service.start("test", "hostpid", "").await.unwrap();
+    let exec = task_api::ExecProcessRequest {
+        id: "hostpid".into(),
+        exec_id: "e1".into(),
+        spec: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+            value: serde_json::to_vec(&serde_json::json!({"args": ["/bin/sleep", "1000"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}})).unwrap(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    f.service.exec("test", exec).await.unwrap();
+    f.service.start("test", "hostpid", "e1").await.unwrap();
+    let left = f.service.pids("test", "hostpid").await.unwrap();
+    assert!(left.len() >= 3, "init, its sleep and the exec: {left:?}");
+    let init = tokio::time::timeout(Duration::from_secs(10), f.service.wait("test", "hostpid", ""))
+        .await
+        .expect("init exits")
+        .unwrap();
+    assert_eq!(init.exit_status, 3);
+    let e1 = tokio::time::timeout(Duration::from_secs(2), f.service.wait("test", "hostpid", "e1"))
+        .await
+        .expect("the exec is killed with the init")
+        .unwrap();
+    assert_eq!(e1.exit_status, 137);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = f.service.pids("test", "hostpid").await.unwrap();
+        if pids.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "processes left in the container: {pids:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(f.sink.wait_topic(topics::EXIT).await);
+    let exits = f.sink.exits();
+    assert_eq!(exits, [("e1".to_string(), 137), ("hostpid".to_string(), 3)]);
+    f.service.delete("test", "hostpid", "e1").await.unwrap();
+    f.service.delete("test", "hostpid", "").await.unwrap();
+    f.nri.stop().await;
+}

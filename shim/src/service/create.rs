@@ -154,6 +154,7 @@ impl Service {
         *lock(&init.process) = Some(process);
         *lock(&init.io) = Some(io);
         bundle.clear_exit_status();
+        let own_pid_namespace = bundle::has_own_pid_namespace(&spec);
         let rootfs_mounts = std::mem::take(&mut undo.mounts);
         *undo = Undo::default();
         Ok(Arc::new(Task {
@@ -169,6 +170,7 @@ impl Service {
             stopped_nri: tokio::sync::Mutex::new(false),
             sigkilled: AtomicBool::new(false),
             rootfs_mounts,
+            own_pid_namespace,
         }))
     }
 

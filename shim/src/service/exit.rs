@@ -2,7 +2,9 @@
 //! the order containerd relies on: after the process's start event, an
 //! init's after its execs' (containerd #9719), `/tasks/oom` before the
 //! init's `/tasks/exit`; a process that never started has no exit event
-//! (containerd #6429). Then NRI StopContainer, once.
+//! (containerd #6429). Then NRI StopContainer, once. A container without a
+//! PID namespace of its own loses all its processes with its init, as
+//! with runc.
 
 use std::{
     sync::Arc,
@@ -43,6 +45,15 @@ impl Service {
                 }
             }
         };
+        let is_init = proc.exec_id.is_empty();
+        if is_init && !task.own_pid_namespace {
+            // runc's rule: without a PID namespace of its own, the
+            // container's other processes (and execs) outlive the init,
+            // keep its stdio open and CRI's stop waiting; kill them all.
+            if let Err(e) = self.runner().kill_all(task.target(), libc::SIGKILL).await {
+                tracing::warn!(task = %task.id, error = %e, "killing the processes left after the init exited failed");
+            }
+        }
         let drained = lock(&proc.io).as_mut().and_then(ProcessIo::output_drained);
         if let Some(done) = drained {
             let _ = tokio::time::timeout(DRAIN_TIMEOUT, done).await;
@@ -52,7 +63,6 @@ impl Service {
         }
         tracing::info!(task = %task.id, exec = %proc.exec_id, pid = process.pid(), exit_status = st.code, "process exited");
         let was = proc.status.update(Status::exit);
-        let is_init = proc.exec_id.is_empty();
         if is_init {
             crate::bundle::Bundle::new(&task.bundle).write_exit_status(st.code);
             lock(&task.container).state = api::ContainerState::CONTAINER_STOPPED.into();

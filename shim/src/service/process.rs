@@ -130,6 +130,10 @@ pub struct Task {
     pub sigkilled: AtomicBool,
     /// Rootfs mounts to undo at delete.
     pub rootfs_mounts: Vec<PathBuf>,
+    /// The container has a PID namespace of its own. Without one (host
+    /// PID, or a pod's shared PID namespace) its processes do not die
+    /// with the init, and the shim kills them (see `exit`).
+    pub own_pid_namespace: bool,
 }
 
 impl Task {

@@ -139,6 +139,17 @@ impl Runner for FakeRunner {
     }
     async fn kill_all(&self, target: Target<'_>, signal: i32) -> crate::error::Result<()> {
         self.call(format!("kill_all {} {signal}", target.id));
+        let procs: Vec<_> = self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.split('/').next() == Some(target.id))
+            .map(|(_, p)| p.clone())
+            .collect();
+        for p in procs {
+            let _ = p.signal(signal);
+        }
         Ok(())
     }
     async fn pids(&self, target: Target<'_>) -> crate::error::Result<Vec<i32>> {
@@ -287,8 +298,13 @@ impl Fixture {
         }
     }
 
-    /// A bundle for `id` with `annotations`; returns its directory.
+    /// A bundle for `id` with `annotations`, in a PID namespace of its
+    /// own; returns its directory.
     fn bundle(&self, id: &str, annotations: &[(&str, &str)]) -> PathBuf {
+        self.bundle_ns(id, annotations, &["pid", "mount"])
+    }
+
+    fn bundle_ns(&self, id: &str, annotations: &[(&str, &str)], namespaces: &[&str]) -> PathBuf {
         let b = self.dir.path().join("bundles").join(id);
         std::fs::create_dir_all(&b).unwrap();
         let ann: HashMap<&str, &str> = annotations.iter().copied().collect();
@@ -297,14 +313,20 @@ impl Fixture {
             "process": {"args": ["sh"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}},
             "root": {"path": "rootfs"},
             "annotations": ann,
-            "linux": {"cgroupsPath": format!("/test/{id}")},
+            "linux": {
+                "cgroupsPath": format!("/test/{id}"),
+                "namespaces": namespaces.iter().map(|n| serde_json::json!({"type": n})).collect::<Vec<_>>(),
+            },
         });
         std::fs::write(b.join("config.json"), serde_json::to_vec(&spec).unwrap()).unwrap();
         b
     }
 
     async fn create(&self, id: &str, annotations: &[(&str, &str)]) -> crate::error::Result<u32> {
-        let bundle = self.bundle(id, annotations);
+        self.create_bundle(id, self.bundle(id, annotations)).await
+    }
+
+    async fn create_bundle(&self, id: &str, bundle: PathBuf) -> crate::error::Result<u32> {
         let req = task_api::CreateTaskRequest {
             id: id.to_string(),
             bundle: bundle.to_string_lossy().into_owned(),
@@ -529,6 +551,33 @@ async fn exec_exits_are_published_before_the_init_exit() {
     );
     assert_eq!(f.service.delete(NS, "c1", "e1").await.unwrap().exit_status, 137);
     f.service.delete(NS, "c1", "").await.unwrap();
+}
+
+#[tokio::test]
+async fn without_an_own_pid_namespace_the_init_exit_kills_everything_left() {
+    let f = Fixture::new();
+    f.create_bundle("shared", f.bundle_ns("shared", &[], &["mount"]))
+        .await
+        .unwrap();
+    f.create("own", &[]).await.unwrap();
+    for id in ["shared", "own"] {
+        f.service.start(NS, id, "").await.unwrap();
+    }
+    f.exec("shared", "e1").await.unwrap();
+    f.service.start(NS, "shared", "e1").await.unwrap();
+    // The init exits; the exec would run on (the fake exec never exits by
+    // itself) unless the shim kills it, and its exit comes first.
+    f.runner.proc("shared").exit(3);
+    f.wait_topic_count(topics::EXIT, 2).await;
+    assert_eq!(f.sink.exits(), [("e1".to_string(), 137), ("shared".to_string(), 3)]);
+    assert!(f.runner.calls().contains(&format!("kill_all shared {}", libc::SIGKILL)));
+    f.runner.proc("own").exit(0);
+    f.wait_topic_count(topics::EXIT, 3).await;
+    assert!(
+        !f.runner.calls().iter().any(|c| c.starts_with("kill_all own")),
+        "{:?}",
+        f.runner.calls()
+    );
 }
 
 #[tokio::test]
