@@ -34,7 +34,11 @@ fn rootfs() -> &'static Path {
         for d in ["proc", "dev", "sys", "tmp", "etc", "root"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
-        std::fs::copy(busybox, bin.join("busybox")).unwrap();
+        // Copied aside and renamed: a process of an earlier run still
+        // running busybox would make a copy over it fail (ETXTBSY).
+        let tmp = bin.join(format!(".busybox.{}", std::process::id()));
+        std::fs::copy(busybox, &tmp).unwrap();
+        std::fs::rename(&tmp, bin.join("busybox")).unwrap();
         let list = std::process::Command::new(busybox).arg("--list").output().unwrap();
         for applet in String::from_utf8_lossy(&list.stdout).lines() {
             if applet != "busybox" {
