@@ -499,3 +499,48 @@ fn plugin_initiated_update_and_eviction_reach_running_containers() {
         let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
     }
 }
+
+/// `printf hello | ctr t exec ... cat` ends as with runc: the exec's stdin
+/// reaches end of file when ctr closes the fifo, without CloseIO.
+#[test]
+fn exec_with_piped_stdin_sees_end_of_file() {
+    use std::io::Write as _;
+    let c = Containerd::start(Setup::default());
+    let id = "ctrd-stdin";
+    let out = c.run(id, &["-d"], &["/bin/sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    c.wait_status(id, "RUNNING");
+    let fifo = c.dir.path().join("fifo").display().to_string();
+    let sock = c.sock.display().to_string();
+    let mut child = std::process::Command::new("ctr")
+        .args([
+            "-a",
+            &sock,
+            "t",
+            "exec",
+            "--fifo-dir",
+            &fifo,
+            "--exec-id",
+            "e1",
+            id,
+            "/bin/cat",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the exec never saw end of file on stdin");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello", "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+}

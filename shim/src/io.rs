@@ -4,8 +4,9 @@
 //! Output fifos are given to the container directly (opened read-write so
 //! opening never blocks and the container never gets SIGPIPE while the
 //! client reconnects). Stdin goes through a pipe fed from the fifo by a
-//! task on the daemon's runtime (no thread per container), so CloseIO can
-//! close it. With a terminal, libcontainer sends the pty master over a
+//! task on the daemon's runtime (no thread per container); it ends when the
+//! fifo's last writer closes (the fifo is opened read-only, as by runc's
+//! shim) or on CloseIO. With a terminal, libcontainer sends the pty master over a
 //! console socket; two threads copy between it and the fifos.
 
 use std::{
@@ -108,13 +109,14 @@ fn open_input(uri: &str) -> Result<File> {
     Ok(File::from(fd))
 }
 
-/// Opens a stdin fifo (or file) for the async copier. A fifo is opened
-/// read-write so opening never blocks and a client that reconnects does not
-/// end the stream.
+/// Opens a stdin fifo for the async copier: read-only and non-blocking, as
+/// containerd's runc shim opens it. Opening does not wait for a writer;
+/// the copier sees nothing until one connects, and end of file once the
+/// last writer closes (`printf x | ctr t exec ... cat` ends without waiting
+/// for CloseIO).
 fn open_input_async(uri: &str) -> Result<tokio::net::unix::pipe::Receiver> {
     let path = path_of(uri)?;
     tokio::net::unix::pipe::OpenOptions::new()
-        .read_write(true)
         .open_receiver(&path)
         .map_err(|e| ShimError::io(format!("open stdin {}", path.display()), e))
 }
@@ -405,6 +407,42 @@ mod tests {
             stdin.read_to_end(&mut rest).map(|_| rest)
         });
         assert_eq!(rest.await.unwrap().unwrap(), b"");
+    }
+
+    /// A writer that closes the stdin fifo gives the process end of file,
+    /// without CloseIO; one that connects only later still gets through.
+    #[tokio::test]
+    async fn the_last_writer_closing_stdin_is_end_of_file() {
+        let d = tempfile::tempdir().unwrap();
+        let i = d.path().join("in");
+        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let spec = StdioSpec {
+            stdin: i.to_string_lossy().into(),
+            ..Default::default()
+        };
+        let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
+        let [stdin, _, _] = io.take_fds().unwrap();
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut all = Vec::new();
+            File::from(stdin).read_to_end(&mut all).map(|_| all)
+        });
+        // No writer yet: not an end of file.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!reader.is_finished());
+        let path = i.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut w = OpenOptions::new().write(true).open(&path).unwrap();
+            w.write_all(b"hello").unwrap();
+        })
+        .await
+        .unwrap();
+        let all = tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("end of file once the writer closed")
+            .unwrap()
+            .unwrap();
+        assert_eq!(all, b"hello");
+        drop(io);
     }
 
     #[tokio::test]
