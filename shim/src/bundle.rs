@@ -135,6 +135,41 @@ pub fn has_own_pid_namespace(spec: &Spec) -> bool {
         })
 }
 
+/// An exec's environment: the container's environment as NRI plugins
+/// adjusted it, with the exec request's own variables winning by name.
+///
+/// Under CRI, containerd builds an exec's process from its own copy of the
+/// container spec, which never saw the plugins' adjustments; without this,
+/// `kubectl exec` would not see a variable a plugin added. Order: the
+/// container's variables first (each replaced in place by the exec's value
+/// of the same name), then the exec's other variables in their order.
+pub fn merge_exec_env(container_env: &[String], process: &mut serde_json::Value) {
+    let name = |kv: &str| kv.split_once('=').map_or(kv, |(k, _)| k).to_string();
+    let exec: Vec<String> = process
+        .get("env")
+        .and_then(|e| e.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    let exec_names: std::collections::HashSet<String> = exec.iter().map(|kv| name(kv)).collect();
+    let mut merged: Vec<String> = Vec::with_capacity(container_env.len() + exec.len());
+    let mut used = std::collections::HashSet::new();
+    for kv in container_env {
+        let n = name(kv);
+        if exec_names.contains(&n) {
+            if let Some(e) = exec.iter().rev().find(|e| name(e) == n) {
+                merged.push(e.clone());
+            }
+            used.insert(n);
+        } else {
+            merged.push(kv.clone());
+        }
+    }
+    merged.extend(exec.into_iter().filter(|e| !used.contains(&name(e))));
+    if let Some(obj) = process.as_object_mut() {
+        obj.insert("env".into(), serde_json::json!(merged));
+    }
+}
+
 /// [`default_path_env`] for an exec's OCI process, given as JSON.
 pub fn default_exec_path_env(process: &mut serde_json::Value) {
     if let Some(env) = process.get_mut("env").and_then(|e| e.as_array_mut()) {
@@ -281,6 +316,20 @@ pub fn check_nri_mounts(adjust: &api::ContainerAdjustment) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_env_is_the_adjusted_container_env_with_the_exec_winning() {
+        let container = ["PATH=/bin", "FROM_NRI=1", "SHARED=container"].map(String::from);
+        let mut p = serde_json::json!({"env": ["SHARED=exec", "PATH=/bin", "OWN=1"]});
+        merge_exec_env(&container, &mut p);
+        assert_eq!(
+            p["env"],
+            serde_json::json!(["PATH=/bin", "FROM_NRI=1", "SHARED=exec", "OWN=1"])
+        );
+        let mut p = serde_json::json!({"args": ["sh"]});
+        merge_exec_env(&container, &mut p);
+        assert_eq!(p["env"], serde_json::json!(container));
+    }
 
     #[test]
     fn exec_processes_get_a_path_once() {

@@ -155,6 +155,11 @@ impl Service {
         *lock(&init.io) = Some(io);
         bundle.clear_exit_status();
         let own_pid_namespace = bundle::has_own_pid_namespace(&spec);
+        let env = spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.env().clone())
+            .unwrap_or_default();
         let rootfs_mounts = std::mem::take(&mut undo.mounts);
         *undo = Undo::default();
         Ok(Arc::new(Task {
@@ -171,6 +176,7 @@ impl Service {
             sigkilled: AtomicBool::new(false),
             rootfs_mounts,
             own_pid_namespace,
+            env,
         }))
     }
 

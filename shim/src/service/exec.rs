@@ -12,7 +12,9 @@ use crate::{
 };
 
 impl Service {
-    /// Adds an exec'd process (started by [`Service::start`]).
+    /// Adds an exec'd process (started by [`Service::start`]). Its
+    /// environment is the container's as NRI plugins adjusted it, with the
+    /// request's own variables winning by name.
     ///
     /// # Errors
     /// [`ShimError::AlreadyExists`], [`ShimError::InvalidArgument`] for a
@@ -27,6 +29,7 @@ impl Service {
             .map_err(|e| task.refused(&task.init, e))?;
         let mut spec: serde_json::Value = serde_json::from_slice(&req.spec.value)
             .map_err(|e| ShimError::InvalidArgument(format!("exec {} process spec: {e}", req.exec_id)))?;
+        bundle::merge_exec_env(&task.env, &mut spec);
         bundle::default_exec_path_env(&mut spec);
         let stdio = StdioSpec {
             stdin: req.stdin.clone(),

@@ -82,6 +82,7 @@ struct FakeRunner {
     oom_kills: AtomicU64,
     next_pid: AtomicI32,
     updates: Mutex<Vec<LinuxResources>>,
+    exec_processes: Mutex<Vec<serde_json::Value>>,
     /// Run when a freeze is asked, before it is done (to race it).
     on_freeze: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -125,11 +126,12 @@ impl Runner for FakeRunner {
     async fn exec(
         &self,
         id: &str,
-        _process: &serde_json::Value,
+        process: &serde_json::Value,
         _console: Option<&Path>,
         _stdio: [OwnedFd; 3],
     ) -> crate::error::Result<Arc<dyn Process>> {
         self.call(format!("exec {id}"));
+        self.exec_processes.lock().unwrap().push(process.clone());
         let n = self.procs.lock().unwrap().len();
         Ok(self.spawn(format!("{id}/exec{n}")))
     }
@@ -578,6 +580,17 @@ async fn without_an_own_pid_namespace_the_init_exit_kills_everything_left() {
         "{:?}",
         f.runner.calls()
     );
+}
+
+#[tokio::test]
+async fn an_exec_gets_the_environment_plugins_gave_the_container() {
+    let f = Fixture::new();
+    f.create("c1", &[]).await.unwrap();
+    f.service.start(NS, "c1", "").await.unwrap();
+    f.exec("c1", "e1").await.unwrap();
+    f.service.start(NS, "c1", "e1").await.unwrap();
+    let process = f.runner.exec_processes.lock().unwrap()[0].clone();
+    assert_eq!(process["env"], serde_json::json!(["PATH=/bin", "FROM_NRI=1"]));
 }
 
 #[tokio::test]
