@@ -6,19 +6,7 @@ use nri_proto::api;
 use oci_spec::runtime::{LinuxDeviceType, LinuxResources, Spec};
 use protobuf::MessageField;
 
-fn opt_i64(v: Option<i64>) -> MessageField<api::OptionalInt64> {
-    MessageField::from_option(v.map(|value| api::OptionalInt64 {
-        value,
-        ..Default::default()
-    }))
-}
-
-fn opt_u64(v: Option<u64>) -> MessageField<api::OptionalUInt64> {
-    MessageField::from_option(v.map(|value| api::OptionalUInt64 {
-        value,
-        ..Default::default()
-    }))
-}
+use crate::resources;
 
 fn opt_bool(v: Option<bool>) -> MessageField<api::OptionalBool> {
     MessageField::from_option(v.map(|value| api::OptionalBool {
@@ -27,7 +15,7 @@ fn opt_bool(v: Option<bool>) -> MessageField<api::OptionalBool> {
     }))
 }
 
-fn dev_type(t: LinuxDeviceType) -> String {
+pub(crate) fn dev_type(t: LinuxDeviceType) -> String {
     match t {
         LinuxDeviceType::A => "a",
         LinuxDeviceType::B => "b",
@@ -46,56 +34,19 @@ fn oci_name<T: serde::Serialize>(v: &T) -> String {
         .unwrap_or_default()
 }
 
-/// NRI resources from OCI resources (memory, cpu, hugepages, unified,
-/// device rules, pids).
+/// NRI resources from OCI resources: every field of
+/// [`resources::FIELDS`] with an OCI counterpart (all but the block I/O and
+/// RDT classes). `memory` and `cpu` are present when the OCI spec has them.
 pub fn resources_from_oci(r: &LinuxResources) -> api::LinuxResources {
     let mut out = api::LinuxResources::new();
-    if let Some(m) = r.memory() {
-        let mem = out.memory.mut_or_insert_default();
-        mem.limit = opt_i64(m.limit());
-        mem.reservation = opt_i64(m.reservation());
-        mem.swap = opt_i64(m.swap());
-        mem.kernel = opt_i64(m.kernel());
-        mem.kernel_tcp = opt_i64(m.kernel_tcp());
-        mem.swappiness = opt_u64(m.swappiness());
-        mem.disable_oom_killer = opt_bool(m.disable_oom_killer());
-        mem.use_hierarchy = opt_bool(m.use_hierarchy());
+    if r.memory().is_some() {
+        out.memory.mut_or_insert_default();
     }
-    if let Some(c) = r.cpu() {
-        let cpu = out.cpu.mut_or_insert_default();
-        cpu.shares = opt_u64(c.shares());
-        cpu.quota = opt_i64(c.quota());
-        cpu.period = opt_u64(c.period());
-        cpu.realtime_runtime = opt_i64(c.realtime_runtime());
-        cpu.realtime_period = opt_u64(c.realtime_period());
-        cpu.cpus = c.cpus().clone().unwrap_or_default();
-        cpu.mems = c.mems().clone().unwrap_or_default();
+    if r.cpu().is_some() {
+        out.cpu.mut_or_insert_default();
     }
-    for h in r.hugepage_limits().iter().flatten() {
-        out.hugepage_limits.push(api::HugepageLimit {
-            page_size: h.page_size().clone(),
-            limit: h.limit().max(0) as u64,
-            ..Default::default()
-        });
-    }
-    if let Some(u) = r.unified() {
-        out.unified = u.clone();
-    }
-    for d in r.devices().iter().flatten() {
-        out.devices.push(api::LinuxDeviceCgroup {
-            allow: d.allow(),
-            type_: d.typ().map(dev_type).unwrap_or_default(),
-            major: opt_i64(d.major()),
-            minor: opt_i64(d.minor()),
-            access: d.access().clone().unwrap_or_default(),
-            ..Default::default()
-        });
-    }
-    if let Some(p) = r.pids() {
-        out.pids = MessageField::some(api::LinuxPids {
-            limit: p.limit(),
-            ..Default::default()
-        });
+    for f in resources::FIELDS {
+        f.read_oci(r, &mut out);
     }
     out
 }

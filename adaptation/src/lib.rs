@@ -30,6 +30,7 @@ pub mod error;
 pub mod launch;
 pub mod owners;
 mod plugin;
+pub mod resources;
 pub mod result;
 pub mod spec;
 pub mod validate;

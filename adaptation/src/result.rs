@@ -36,7 +36,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use nri_proto::api::{self, Field};
 use protobuf::MessageField;
 
-use crate::owners::{FieldTable, Owners, Records};
+use crate::{
+    owners::{FieldTable, Owners, Records},
+    resources::{self, Rules, removal_key},
+};
 
 /// Conflicting or disallowed plugin adjustments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,10 +71,6 @@ fn qualify(field: Field, key: Option<&str>) -> String {
         Some(k) => format!("{field:?} {k}"),
         None => format!("{field:?}"),
     }
-}
-
-fn removal_key(key: &str) -> Option<&str> {
-    key.strip_prefix('-').filter(|k| !k.is_empty())
 }
 
 fn env_key(entry: &str) -> &str {
@@ -557,59 +556,22 @@ impl CreateResult {
     }
 
     fn resources(&mut self, plugin: &str, r: api::LinuxResources) -> Result<(), MergeError> {
-        {
-            let ctr_res = self
-                .request
-                .container
-                .mut_or_insert_default()
-                .linux
-                .mut_or_insert_default()
-                .resources
-                .mut_or_insert_default();
-            let reply_res = self
-                .reply
-                .linux
-                .mut_or_insert_default()
-                .resources
-                .mut_or_insert_default();
-            if let Some(m) = r.memory.as_ref() {
-                merge_memory(Some(&mut self.own), plugin, m, ctr_res.memory.mut_or_insert_default())?;
-                merge_memory(None, plugin, m, reply_res.memory.mut_or_insert_default())?;
-            }
-            if let Some(c) = r.cpu.as_ref() {
-                merge_cpu(Some(&mut self.own), plugin, c, ctr_res.cpu.mut_or_insert_default())?;
-                merge_cpu(None, plugin, c, reply_res.cpu.mut_or_insert_default())?;
-            }
-            for l in &r.hugepage_limits {
-                self.own.claim_compound(Field::HugepageLimits, &l.page_size, plugin)?;
-                ctr_res.hugepage_limits.push(l.clone());
-                reply_res.hugepage_limits.push(l.clone());
-            }
-            // Device cgroup rules: appended, never conflict-checked (upstream).
-            ctr_res.devices.extend(r.devices.iter().cloned());
-            reply_res.devices.extend(r.devices.iter().cloned());
-            for (k, v) in sorted(&r.unified) {
-                self.own.claim_compound(Field::CgroupsUnified, k, plugin)?;
-                ctr_res.unified.insert(k.clone(), v.clone());
-                reply_res.unified.insert(k.clone(), v.clone());
-            }
-            if let Some(v) = r.blockio_class.as_ref() {
-                self.own.claim_simple(Field::BlockioClass, plugin)?;
-                ctr_res.blockio_class = MessageField::some(v.clone());
-                reply_res.blockio_class = MessageField::some(v.clone());
-            }
-            if let Some(v) = r.rdt_class.as_ref() {
-                self.own.claim_simple(Field::RdtClass, plugin)?;
-                ctr_res.rdt_class = MessageField::some(v.clone());
-                reply_res.rdt_class = MessageField::some(v.clone());
-            }
-            if let Some(v) = r.pids.as_ref() {
-                self.own.claim_simple(Field::PidsLimit, plugin)?;
-                ctr_res.pids = MessageField::some(v.clone());
-                reply_res.pids = MessageField::some(v.clone());
-            }
-        }
-        Ok(())
+        let ctr = self
+            .request
+            .container
+            .mut_or_insert_default()
+            .linux
+            .mut_or_insert_default()
+            .resources
+            .mut_or_insert_default();
+        let reply = self
+            .reply
+            .linux
+            .mut_or_insert_default()
+            .resources
+            .mut_or_insert_default();
+        // Device cgroup rules are appended, never conflict-checked (upstream).
+        resources::merge(&mut self.own, plugin, &r, &mut [ctr, reply], Rules::Append)
     }
 
     fn linux_simple(
@@ -696,10 +658,6 @@ impl CreateResult {
     }
 }
 
-fn sorted<V>(m: &std::collections::HashMap<String, V>) -> BTreeMap<&String, &V> {
-    m.iter().collect()
-}
-
 /// Splits a map into removal keys and (sorted) sets.
 fn split_map<V>(m: std::collections::HashMap<String, V>) -> (BTreeSet<String>, BTreeMap<String, V>) {
     let mut dels = BTreeSet::new();
@@ -730,69 +688,6 @@ fn split_keyed<T>(items: Vec<T>, key: impl Fn(&T) -> &String) -> (BTreeMap<Strin
         }
     }
     (del, add)
-}
-
-fn merge_memory(
-    mut owners: Option<&mut dyn Records>,
-    plugin: &str,
-    m: &api::LinuxMemory,
-    target: &mut api::LinuxMemory,
-) -> Result<(), MergeError> {
-    macro_rules! field {
-        ($f:ident, $owner:expr) => {
-            if let Some(v) = m.$f.as_ref() {
-                if let Some(o) = owners.as_deref_mut() {
-                    o.claim_simple($owner, plugin)?;
-                }
-                target.$f = MessageField::some(v.clone());
-            }
-        };
-    }
-    field!(limit, Field::MemLimit);
-    field!(reservation, Field::MemReservation);
-    field!(swap, Field::MemSwapLimit);
-    field!(kernel, Field::MemKernelLimit);
-    field!(kernel_tcp, Field::MemTCPLimit);
-    field!(swappiness, Field::MemSwappiness);
-    field!(disable_oom_killer, Field::MemDisableOomKiller);
-    field!(use_hierarchy, Field::MemUseHierarchy);
-    Ok(())
-}
-
-fn merge_cpu(
-    mut owners: Option<&mut dyn Records>,
-    plugin: &str,
-    c: &api::LinuxCPU,
-    target: &mut api::LinuxCPU,
-) -> Result<(), MergeError> {
-    macro_rules! field {
-        ($f:ident, $owner:expr) => {
-            if let Some(v) = c.$f.as_ref() {
-                if let Some(o) = owners.as_deref_mut() {
-                    o.claim_simple($owner, plugin)?;
-                }
-                target.$f = MessageField::some(v.clone());
-            }
-        };
-    }
-    field!(shares, Field::CPUShares);
-    field!(quota, Field::CPUQuota);
-    field!(period, Field::CPUPeriod);
-    field!(realtime_runtime, Field::CPURealtimeRuntime);
-    field!(realtime_period, Field::CPURealtimePeriod);
-    if !c.cpus.is_empty() {
-        if let Some(o) = owners.as_deref_mut() {
-            o.claim_simple(Field::CPUSetCPUs, plugin)?;
-        }
-        target.cpus = c.cpus.clone();
-    }
-    if !c.mems.is_empty() {
-        if let Some(o) = owners {
-            o.claim_simple(Field::CPUSetMems, plugin)?;
-        }
-        target.mems = c.mems.clone();
-    }
-    Ok(())
 }
 
 /// Merged container updates, in first-touch order.
@@ -881,6 +776,9 @@ impl Updates {
     }
 }
 
+/// `u` merged over `base`: updates carry no device rules into the merge
+/// (upstream). Fix of upstream: the pids limit applied is the plugin's
+/// (upstream tests the existing value instead).
 fn merge_update_resources(
     owners: &mut Owners,
     id: &str,
@@ -888,44 +786,7 @@ fn merge_update_resources(
     u: &api::LinuxResources,
     mut base: api::LinuxResources,
 ) -> Result<api::LinuxResources, MergeError> {
-    if let Some(m) = u.memory.as_ref() {
-        merge_memory(
-            Some(owners.field_owners_mut(id)),
-            plugin,
-            m,
-            base.memory.mut_or_insert_default(),
-        )?;
-    }
-    if let Some(c) = u.cpu.as_ref() {
-        merge_cpu(
-            Some(owners.field_owners_mut(id)),
-            plugin,
-            c,
-            base.cpu.mut_or_insert_default(),
-        )?;
-    }
-    for l in &u.hugepage_limits {
-        owners.claim_compound(id, Field::HugepageLimits, &l.page_size, plugin)?;
-        base.hugepage_limits.retain(|x| x.page_size != l.page_size);
-        base.hugepage_limits.push(l.clone());
-    }
-    for (k, v) in sorted(&u.unified) {
-        owners.claim_compound(id, Field::CgroupsUnified, k, plugin)?;
-        base.unified.insert(k.clone(), v.clone());
-    }
-    if let Some(v) = u.blockio_class.as_ref() {
-        owners.claim_simple(id, Field::BlockioClass, plugin)?;
-        base.blockio_class = MessageField::some(v.clone());
-    }
-    if let Some(v) = u.rdt_class.as_ref() {
-        owners.claim_simple(id, Field::RdtClass, plugin)?;
-        base.rdt_class = MessageField::some(v.clone());
-    }
-    // Fix of upstream, which tests the existing value instead of the plugin's.
-    if let Some(v) = u.pids.as_ref() {
-        owners.claim_simple(id, Field::PidsLimit, plugin)?;
-        base.pids = MessageField::some(v.clone());
-    }
+    resources::merge(owners.field_owners_mut(id), plugin, u, &mut [&mut base], Rules::Keep)?;
     Ok(base)
 }
 

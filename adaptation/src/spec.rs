@@ -27,15 +27,17 @@
 //! * mounts are re-sorted (depth, then destination) only when a plugin
 //!   changed mounts.
 
-use std::{collections::HashMap, path::PathBuf};
+use std::path::PathBuf;
 
 use nri_proto::api;
 use oci_spec::runtime::{
-    Hook, Hooks, LinuxBlockIo, LinuxCpu, LinuxDevice, LinuxDeviceCgroup, LinuxDeviceType, LinuxHugepageLimit,
-    LinuxIOPriorityBuilder, LinuxIntelRdt, LinuxMemory, LinuxMemoryPolicy, LinuxNamespace, LinuxNamespaceType,
-    LinuxNetDevice, LinuxPids, LinuxResources, LinuxSchedulerFlag, LinuxSchedulerPolicy, LinuxSeccomp, LinuxSyscall,
-    MemoryPolicyFlagType, MemoryPolicyModeType, Mount, PosixRlimit, PosixRlimitBuilder, Scheduler, Spec,
+    Hook, Hooks, LinuxBlockIo, LinuxCpu, LinuxDevice, LinuxDeviceCgroup, LinuxDeviceType, LinuxIOPriorityBuilder,
+    LinuxIntelRdt, LinuxMemory, LinuxMemoryPolicy, LinuxNamespace, LinuxNamespaceType, LinuxNetDevice, LinuxResources,
+    LinuxSchedulerFlag, LinuxSchedulerPolicy, LinuxSeccomp, LinuxSyscall, MemoryPolicyFlagType, MemoryPolicyModeType,
+    Mount, PosixRlimit, PosixRlimitBuilder, Scheduler, Spec,
 };
+
+use crate::resources::{self, apply_map, removal_key};
 
 /// Why an adjustment could not be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,7 +62,11 @@ pub enum AdjustError {
     },
 }
 
-fn invalid(field: impl Into<String>, value: impl std::fmt::Display, reason: impl Into<String>) -> AdjustError {
+pub(crate) fn invalid(
+    field: impl Into<String>,
+    value: impl std::fmt::Display,
+    reason: impl Into<String>,
+) -> AdjustError {
     AdjustError::Invalid {
         field: field.into(),
         value: value.to_string(),
@@ -242,37 +248,13 @@ fn linux(s: &mut Spec) -> &mut oci_spec::runtime::Linux {
     s.linux_mut().get_or_insert_with(Default::default)
 }
 
-fn removal(key: &str) -> Option<&str> {
-    key.strip_prefix('-').filter(|k| !k.is_empty())
-}
-
-/// `-key` entries delete, then the others set (removals first).
-fn apply_map<V, T>(target: &mut Option<HashMap<String, T>>, adj: &HashMap<String, V>, conv: impl Fn(&V) -> Option<T>) {
-    if adj.is_empty() {
-        return;
-    }
-    let map = target.get_or_insert_with(HashMap::new);
-    for k in adj.keys() {
-        if let Some(key) = removal(k) {
-            map.remove(key);
-        }
-    }
-    for (k, v) in adj {
-        if removal(k).is_none()
-            && let Some(v) = conv(v)
-        {
-            map.insert(k.clone(), v);
-        }
-    }
-}
-
 fn apply_env(s: &mut Spec, env: &[api::KeyValue]) -> Result<(), AdjustError> {
     if env.is_empty() {
         return Ok(());
     }
     let mut wanted: Vec<(&str, Option<&str>)> = Vec::new();
     for kv in env {
-        let (key, value) = match removal(&kv.key) {
+        let (key, value) = match removal_key(&kv.key) {
             Some(k) => (k, None),
             None => (kv.key.as_str(), Some(kv.value.as_str())),
         };
@@ -387,7 +369,7 @@ fn apply_hooks(s: &mut Spec, h: &api::Hooks) -> Result<(), AdjustError> {
     Ok(())
 }
 
-fn device_type(t: &str, path: &str) -> Result<LinuxDeviceType, AdjustError> {
+pub(crate) fn device_type(t: &str, path: &str) -> Result<LinuxDeviceType, AdjustError> {
     match t {
         "c" => Ok(LinuxDeviceType::C),
         "b" => Ok(LinuxDeviceType::B),
@@ -403,7 +385,7 @@ fn device_type(t: &str, path: &str) -> Result<LinuxDeviceType, AdjustError> {
 
 fn apply_devices(s: &mut Spec, devices: &[api::LinuxDevice]) -> Result<(), AdjustError> {
     for d in devices {
-        if let Some(path) = removal(&d.path) {
+        if let Some(path) = removal_key(&d.path) {
             let lin = linux(s);
             if let Some(list) = lin.devices_mut() {
                 list.retain(|x| x.path() != &PathBuf::from(path));
@@ -430,9 +412,9 @@ fn apply_devices(s: &mut Spec, devices: &[api::LinuxDevice]) -> Result<(), Adjus
         dev.set_uid(d.uid.as_ref().map(|v| v.value));
         dev.set_gid(d.gid.as_ref().map(|v| v.value));
         let lin = linux(s);
-        let list = lin.devices_mut().get_or_insert_with(Vec::new);
-        list.retain(|x| x.path() != dev.path());
-        list.push(dev);
+        resources::upsert(lin.devices_mut().get_or_insert_with(Vec::new), dev, |a, b| {
+            a.path() == b.path()
+        });
         // The matching cgroup allow rule: rw, plus m for block devices (upstream).
         let mut rule = LinuxDeviceCgroup::default();
         rule.set_allow(true);
@@ -606,7 +588,7 @@ fn seccomp(sc: &api::LinuxSeccomp) -> Result<LinuxSeccomp, AdjustError> {
 
 fn apply_namespaces(s: &mut Spec, nss: &[api::LinuxNamespace]) -> Result<(), AdjustError> {
     for n in nss {
-        let (key, remove) = match removal(&n.type_) {
+        let (key, remove) = match removal_key(&n.type_) {
             Some(k) => (k, true),
             None => (n.type_.as_str(), false),
         };
@@ -675,187 +657,38 @@ fn memory_policy(mp: &api::LinuxMemoryPolicy) -> Result<LinuxMemoryPolicy, Adjus
 /// Whether `r` changes anything in `linux.resources` itself (classes are
 /// handled separately).
 fn resources_touch(r: &api::LinuxResources) -> bool {
-    let mem = r.memory.as_ref().is_some_and(|m| *m != api::LinuxMemory::new());
-    let cpu = r.cpu.as_ref().is_some_and(|c| *c != api::LinuxCPU::new());
-    mem || cpu || !r.hugepage_limits.is_empty() || !r.unified.is_empty() || !r.devices.is_empty() || r.pids.is_some()
+    resources::FIELDS.iter().any(|f| f.in_oci_resources() && f.is_set(r))
 }
 
 /// Applies the present fields of NRI resources `r` to OCI resources
-/// `target` (used at create time and for container updates). With
-/// `devices`, cgroup device rules are appended (create time only).
+/// `target` (used at create time and for container updates), field by
+/// field in [`resources::FIELDS`] order; hugepage limits replace the one
+/// of their page size. With `devices`, cgroup device rules are appended
+/// (create time only).
 ///
 /// # Errors
-/// [`AdjustError::Invalid`] for values the kernel would reject.
+/// [`AdjustError::Invalid`] for values the kernel would reject; `target`
+/// then holds the fields before the offending one.
 pub fn apply_resources(target: &mut LinuxResources, r: &api::LinuxResources, devices: bool) -> Result<(), AdjustError> {
+    let old_limit = target.memory().as_ref().and_then(|m| m.limit());
+    for f in resources::FIELDS {
+        if devices || f.shape != resources::Shape::Rules {
+            f.write_oci(r, target)?;
+        }
+    }
     if let Some(m) = r.memory.as_ref()
-        && *m != api::LinuxMemory::new()
+        && let Some(limit) = m.limit.as_ref()
+        && m.swap.is_none()
+        && let Some(mem) = target.memory_mut()
     {
-        let mem = target.memory_mut().get_or_insert_with(LinuxMemory::default);
-        let old_limit = mem.limit();
-        for (name, v) in [
-            ("limit", m.limit.as_ref()),
-            ("reservation", m.reservation.as_ref()),
-            ("swap", m.swap.as_ref()),
-            ("kernel", m.kernel.as_ref()),
-            ("kernel_tcp", m.kernel_tcp.as_ref()),
-        ] {
-            if let Some(v) = v
-                && v.value < -1
-            {
-                return Err(invalid(
-                    format!("linux.resources.memory.{name}"),
-                    v.value,
-                    "must be -1 (unlimited) or a byte count",
-                ));
-            }
-        }
-        if let Some(v) = m.limit.as_ref() {
-            mem.set_limit(Some(v.value));
-            if m.swap.is_none() {
-                // Keep runc's swap >= limit rule and a "no swap" setting.
-                let follow = match (mem.swap(), old_limit) {
-                    (Some(swap), Some(old)) if swap == old => true,
-                    (Some(swap), _) => swap != -1 && v.value != -1 && swap < v.value,
-                    _ => false,
-                };
-                if follow {
-                    mem.set_swap(Some(v.value));
-                }
-            }
-        }
-        if let Some(v) = m.reservation.as_ref() {
-            mem.set_reservation(Some(v.value));
-        }
-        if let Some(v) = m.swap.as_ref() {
-            mem.set_swap(Some(v.value));
-        }
-        if let Some(v) = m.kernel.as_ref() {
-            mem.set_kernel(Some(v.value));
-        }
-        if let Some(v) = m.kernel_tcp.as_ref() {
-            mem.set_kernel_tcp(Some(v.value));
-        }
-        if let Some(v) = m.swappiness.as_ref() {
-            if v.value > 100 {
-                return Err(invalid(
-                    "linux.resources.memory.swappiness",
-                    v.value,
-                    "must be within 0..100",
-                ));
-            }
-            mem.set_swappiness(Some(v.value));
-        }
-        if let Some(v) = m.disable_oom_killer.as_ref() {
-            mem.set_disable_oom_killer(Some(v.value));
-        }
-        if let Some(v) = m.use_hierarchy.as_ref() {
-            mem.set_use_hierarchy(Some(v.value));
-        }
-    }
-    if let Some(c) = r.cpu.as_ref()
-        && *c != api::LinuxCPU::new()
-    {
-        let cpu = target.cpu_mut().get_or_insert_with(LinuxCpu::default);
-        if let Some(v) = c.shares.as_ref() {
-            if v.value > i64::MAX as u64 {
-                return Err(invalid(
-                    "linux.resources.cpu.shares",
-                    v.value as i64,
-                    "must not be negative",
-                ));
-            }
-            cpu.set_shares(Some(v.value));
-        }
-        if let Some(v) = c.quota.as_ref() {
-            if v.value < -1 {
-                return Err(invalid(
-                    "linux.resources.cpu.quota",
-                    v.value,
-                    "must be -1 (unlimited) or positive microseconds",
-                ));
-            }
-            cpu.set_quota(Some(v.value));
-        }
-        if let Some(v) = c.period.as_ref() {
-            if v.value != 0 && !(1000..=1_000_000).contains(&v.value) {
-                return Err(invalid(
-                    "linux.resources.cpu.period",
-                    v.value,
-                    "must be within 1000..1000000 microseconds",
-                ));
-            }
-            cpu.set_period(Some(v.value));
-        }
-        if let Some(v) = c.realtime_runtime.as_ref() {
-            cpu.set_realtime_runtime(Some(v.value));
-        }
-        if let Some(v) = c.realtime_period.as_ref() {
-            cpu.set_realtime_period(Some(v.value));
-        }
-        if !c.cpus.is_empty() {
-            cpu.set_cpus(Some(c.cpus.clone()));
-        }
-        if !c.mems.is_empty() {
-            cpu.set_mems(Some(c.mems.clone()));
-        }
-    }
-    if !r.hugepage_limits.is_empty() {
-        let list = target.hugepage_limits_mut().get_or_insert_with(Vec::new);
-        for h in &r.hugepage_limits {
-            let limit = i64::try_from(h.limit).map_err(|_| {
-                invalid(
-                    format!("linux.resources.hugepage_limits[{}]", h.page_size),
-                    h.limit,
-                    "too large",
-                )
-            })?;
-            list.retain(|x| x.page_size() != &h.page_size);
-            let mut l = LinuxHugepageLimit::default();
-            l.set_page_size(h.page_size.clone());
-            l.set_limit(limit);
-            list.push(l);
-        }
-    }
-    if !r.unified.is_empty() {
-        let map = target.unified_mut().get_or_insert_with(HashMap::new);
-        for (k, v) in &r.unified {
-            map.insert(k.clone(), v.clone());
-        }
-    }
-    if let Some(p) = r.pids.as_ref() {
-        if p.limit < -1 {
-            return Err(invalid(
-                "linux.resources.pids.limit",
-                p.limit,
-                "must be -1 (unlimited) or a count",
-            ));
-        }
-        let mut pids = LinuxPids::default();
-        pids.set_limit(p.limit);
-        target.set_pids(Some(pids));
-    }
-    if devices && !r.devices.is_empty() {
-        let list = target.devices_mut().get_or_insert_with(Vec::new);
-        for d in &r.devices {
-            let mut rule = LinuxDeviceCgroup::default();
-            rule.set_allow(d.allow);
-            rule.set_typ(match d.type_.as_str() {
-                "" | "a" => Some(LinuxDeviceType::A),
-                t => Some(device_type(t, "resources.devices")?),
-            });
-            rule.set_major(d.major.as_ref().map(|v| v.value));
-            rule.set_minor(d.minor.as_ref().map(|v| v.value));
-            if !d.access.is_empty() {
-                if !d.access.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
-                    return Err(invalid(
-                        "linux.resources.devices.access",
-                        &d.access,
-                        "must use only r, w, m",
-                    ));
-                }
-                rule.set_access(Some(d.access.clone()));
-            }
-            list.push(rule);
+        // Keep runc's swap >= limit rule and a "no swap" setting.
+        let follow = match (mem.swap(), old_limit) {
+            (Some(swap), Some(old)) if swap == old => true,
+            (Some(swap), _) => swap != -1 && limit.value != -1 && swap < limit.value,
+            _ => false,
+        };
+        if follow {
+            mem.set_swap(Some(limit.value));
         }
     }
     Ok(())
@@ -919,7 +752,7 @@ fn apply_mounts(s: &mut Spec, mounts: &[api::Mount]) -> Result<(), AdjustError> 
     let mut list = s.mounts().clone().unwrap_or_default();
     let mut propagation: Option<&str> = None;
     for m in mounts {
-        if let Some(dest) = removal(&m.destination) {
+        if let Some(dest) = removal_key(&m.destination) {
             list.retain(|x| x.destination() != &PathBuf::from(dest));
             continue;
         }
@@ -930,10 +763,8 @@ fn apply_mounts(s: &mut Spec, mounts: &[api::Mount]) -> Result<(), AdjustError> 
                 "must be an absolute path",
             ));
         }
-        let dest = PathBuf::from(&m.destination);
-        list.retain(|x| x.destination() != &dest);
         let mut out = Mount::default();
-        out.set_destination(dest);
+        out.set_destination(PathBuf::from(&m.destination));
         out.set_typ((!m.type_.is_empty()).then(|| m.type_.clone()));
         out.set_source((!m.source.is_empty()).then(|| PathBuf::from(&m.source)));
         out.set_options((!m.options.is_empty()).then(|| m.options.clone()));
@@ -944,7 +775,7 @@ fn apply_mounts(s: &mut Spec, mounts: &[api::Mount]) -> Result<(), AdjustError> 
                 _ => {}
             }
         }
-        list.push(out);
+        resources::upsert(&mut list, out, |a, b| a.destination() == b.destination());
     }
     if let Some(p) = propagation {
         // The rootfs must propagate for shared/slave bind mounts to work.
@@ -987,8 +818,7 @@ fn apply_rlimits(s: &mut Spec, rlimits: &[api::POSIXRlimit]) -> Result<(), Adjus
     let p = process(s, "rlimits")?;
     let mut list = p.rlimits().clone().unwrap_or_default();
     for l in converted {
-        list.retain(|x| x.typ() != l.typ());
-        list.push(l);
+        resources::upsert(&mut list, l, |a, b| a.typ() == b.typ());
     }
     p.set_rlimits(Some(list));
     Ok(())

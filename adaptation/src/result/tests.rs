@@ -405,6 +405,30 @@ fn r16_unset_resource_fields_survive() {
     assert_eq!(reply_cpu.cpus, "0-1");
 }
 
+/// Fix of a drift between the merge and `adjust`: the merge appended a
+/// plugin's hugepage limit next to the original one of the same page size,
+/// so later plugins saw two limits where the spec gets one.
+#[test]
+fn hugepage_limit_replaces_the_original_of_its_page_size() {
+    let mut r = create(
+        r#"{"id": "c1", "linux": {"resources": {"hugepageLimits": [{"pageSize": "2MB", "limit": 1},
+            {"pageSize": "1GB", "limit": 3}]}}}"#,
+    );
+    r.apply(
+        "10-a",
+        adj(r#"{"linux": {"resources": {"hugepageLimits": [{"pageSize": "2MB", "limit": 5}]}}}"#),
+    )
+    .unwrap();
+    let limits: Vec<(&str, u64)> = ctr(&r)
+        .linux
+        .resources
+        .hugepage_limits
+        .iter()
+        .map(|h| (h.page_size.as_str(), h.limit))
+        .collect();
+    assert_eq!(limits, [("1GB", 3), ("2MB", 5)]);
+}
+
 #[test]
 fn hugepages_unified_classes_and_pids() {
     let mut r = c1();

@@ -1,0 +1,429 @@
+//! The field table against the generated messages, and [`overlay`]: every
+//! field an update sets reaches the view, every other field survives.
+//!
+//! The checks read the messages through protobuf reflection, not through
+//! the table, so a field the table misses or mishandles shows up here.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use protobuf::{
+    MessageDyn, MessageField, MessageFull,
+    reflect::{FieldDescriptor, MessageDescriptor, ReflectValueBox, RuntimeFieldType, RuntimeType},
+};
+
+use super::*;
+
+fn json<M: MessageFull>(s: &str) -> M {
+    protobuf_json_mapping::parse_from_str(s).unwrap_or_else(|e| panic!("bad fixture {s}: {e}"))
+}
+
+/// Every field of `LinuxResources` as protobuf describes it, as the path of
+/// fields leading to it. Sections (`memory`, `cpu`: messages of several
+/// fields) are descended into; value wrappers and `pids` are leaves.
+fn proto_leaves() -> Vec<Vec<FieldDescriptor>> {
+    fn walk(md: &MessageDescriptor, prefix: &[FieldDescriptor], out: &mut Vec<Vec<FieldDescriptor>>) {
+        for fd in md.fields() {
+            let mut path = prefix.to_vec();
+            path.push(fd.clone());
+            match fd.runtime_field_type() {
+                RuntimeFieldType::Singular(RuntimeType::Message(m)) if m.fields().count() > 1 => walk(&m, &path, out),
+                _ => out.push(path),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&api::LinuxResources::descriptor(), &[], &mut out);
+    out
+}
+
+fn dotted(path: &[FieldDescriptor]) -> String {
+    path.iter().map(|f| f.name()).collect::<Vec<_>>().join(".")
+}
+
+/// A singular leaf's value in `m`; `None` when its section is absent or it
+/// is unset (proto3 reflection reports an empty string as unset).
+fn leaf_value(m: &dyn MessageDyn, path: &[FieldDescriptor]) -> Option<ReflectValueBox> {
+    match path {
+        [fd] => fd.get_singular(m).map(|v| v.to_box()),
+        [section, rest @ ..] => {
+            if !section.has_field(m) {
+                return None;
+            }
+            leaf_value(&*section.get_message(m), rest)
+        }
+        [] => unreachable!("empty path"),
+    }
+}
+
+/// A value for a leaf, from one seed per kind.
+#[derive(Debug, Clone)]
+struct Seed {
+    int: i64,
+    flag: bool,
+    text: String,
+}
+
+fn boxed(t: &RuntimeType, s: &Seed) -> ReflectValueBox {
+    match t {
+        RuntimeType::I64 => ReflectValueBox::I64(s.int),
+        RuntimeType::U64 => ReflectValueBox::U64(s.int.unsigned_abs()),
+        RuntimeType::Bool => ReflectValueBox::Bool(s.flag),
+        RuntimeType::String => ReflectValueBox::String(s.text.clone()),
+        RuntimeType::Message(md) => {
+            // A value wrapper (`OptionalInt64`, ...) or `LinuxPids`: one field.
+            let mut msg = md.new_instance();
+            let mut fields = md.fields();
+            let inner = fields.next().expect("a wrapper has a field");
+            assert!(fields.next().is_none(), "{} is not a wrapper", md.name());
+            inner.set_singular_field(&mut *msg, boxed(&inner.singular_runtime_type(), s));
+            ReflectValueBox::Message(msg)
+        }
+        other => panic!("no generator for a {other} leaf: extend `boxed`"),
+    }
+}
+
+fn set_leaf(m: &mut dyn MessageDyn, path: &[FieldDescriptor], s: &Seed) {
+    match path {
+        [fd] => fd.set_singular_field(m, boxed(&fd.singular_runtime_type(), s)),
+        [section, rest @ ..] => set_leaf(section.mut_message(m), rest, s),
+        [] => unreachable!("empty path"),
+    }
+}
+
+fn singular_leaves() -> Vec<Vec<FieldDescriptor>> {
+    proto_leaves()
+        .into_iter()
+        .filter(|p| p.last().expect("non-empty").is_singular())
+        .collect()
+}
+
+/// The lists and maps, written by hand: each has its own overlay rule.
+#[derive(Debug, Clone)]
+struct Lists {
+    hugepages: BTreeMap<String, u64>,
+    unified: BTreeMap<String, String>,
+    devices: Vec<(bool, String, Option<i64>, String)>,
+}
+
+fn build(scalars: &[Option<Seed>], lists: &Lists) -> api::LinuxResources {
+    let mut r = api::LinuxResources::new();
+    for (path, seed) in singular_leaves().iter().zip(scalars) {
+        if let Some(s) = seed {
+            set_leaf(&mut r, path, s);
+        }
+    }
+    for (page_size, limit) in &lists.hugepages {
+        r.hugepage_limits.push(api::HugepageLimit {
+            page_size: page_size.clone(),
+            limit: *limit,
+            ..Default::default()
+        });
+    }
+    r.unified.extend(lists.unified.clone());
+    for (allow, type_, major, access) in &lists.devices {
+        r.devices.push(api::LinuxDeviceCgroup {
+            allow: *allow,
+            type_: type_.clone(),
+            major: MessageField::from_option(major.map(|value| api::OptionalInt64 {
+                value,
+                ..Default::default()
+            })),
+            access: access.clone(),
+            ..Default::default()
+        });
+    }
+    r
+}
+
+fn arb_seed() -> impl Strategy<Value = Seed> {
+    (-1i64..5000, any::<bool>(), "[a-z0-9,-]{1,6}").prop_map(|(int, flag, text)| Seed { int, flag, text })
+}
+
+fn arb_lists() -> impl Strategy<Value = Lists> {
+    (
+        proptest::collection::btree_map(prop::sample::select(vec!["64KB", "2MB", "1GB"]), 0u64..1 << 40, 0..3),
+        proptest::collection::btree_map("[a-c]\\.[a-c]", "[0-9]{1,3}", 0..3),
+        proptest::collection::vec(
+            (
+                any::<bool>(),
+                prop::sample::select(vec!["a", "b", "c"]),
+                proptest::option::of(0i64..300),
+                "[rwm]{0,3}",
+            ),
+            0..3,
+        ),
+    )
+        .prop_map(|(hugepages, unified, devices)| Lists {
+            hugepages: hugepages.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            unified,
+            devices: devices
+                .into_iter()
+                .map(|(allow, t, major, access)| (allow, t.to_string(), major, access))
+                .collect(),
+        })
+}
+
+/// Resources with any subset of the fields set.
+fn arb_resources() -> impl Strategy<Value = api::LinuxResources> {
+    let n = singular_leaves().len();
+    (
+        proptest::collection::vec(proptest::option::of(arb_seed()), n),
+        arb_lists(),
+    )
+        .prop_map(|(scalars, lists)| build(&scalars, &lists))
+}
+
+/// Resources with every field set.
+fn arb_full_resources() -> impl Strategy<Value = api::LinuxResources> {
+    let n = singular_leaves().len();
+    let nonempty = arb_lists().prop_filter("every list set", |l| {
+        !l.hugepages.is_empty() && !l.unified.is_empty() && !l.devices.is_empty()
+    });
+    (proptest::collection::vec(arb_seed().prop_map(Some), n), nonempty)
+        .prop_map(|(scalars, lists)| build(&scalars, &lists))
+}
+
+fn hugepages(r: &api::LinuxResources) -> BTreeMap<&str, u64> {
+    r.hugepage_limits
+        .iter()
+        .map(|h| (h.page_size.as_str(), h.limit))
+        .collect()
+}
+
+/// Checks `after == before` overlaid with `update`, field by field of the
+/// generated message.
+fn check_overlay(
+    before: &api::LinuxResources,
+    update: &api::LinuxResources,
+    after: &api::LinuxResources,
+) -> Result<(), TestCaseError> {
+    for path in proto_leaves() {
+        let name = dotted(&path);
+        let leaf = path.last().expect("non-empty");
+        if leaf.is_singular() {
+            let want = leaf_value(update, &path).or_else(|| leaf_value(before, &path));
+            prop_assert_eq!(leaf_value(after, &path), want, "{}", name);
+            continue;
+        }
+        match name.as_str() {
+            "hugepage_limits" => {
+                let mut want = hugepages(before);
+                want.extend(hugepages(update));
+                prop_assert_eq!(hugepages(after), want, "{}", name);
+                prop_assert_eq!(
+                    after.hugepage_limits.len(),
+                    hugepages(after).len(),
+                    "one limit per page size"
+                );
+            }
+            "unified" => {
+                let mut want = before.unified.clone();
+                want.extend(update.unified.clone());
+                prop_assert_eq!(&after.unified, &want, "{}", name);
+            }
+            "devices" => {
+                let want = if update.devices.is_empty() {
+                    &before.devices
+                } else {
+                    &update.devices
+                };
+                prop_assert_eq!(&after.devices, want, "{}", name);
+            }
+            other => panic!("list field {other} has no overlay rule in this test: add it"),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_table_has_every_field_of_the_generated_messages() {
+    let mut proto: Vec<String> = proto_leaves().iter().map(|p| dotted(p)).collect();
+    proto.sort();
+    let mut table: Vec<&str> = FIELDS.iter().map(|f| f.proto).collect();
+    table.sort();
+    assert_eq!(table, proto);
+    let names: BTreeSet<&str> = FIELDS.iter().map(|f| f.name).collect();
+    assert_eq!(names.len(), FIELDS.len(), "names are unique");
+    let owners: Vec<Field> = FIELDS.iter().filter_map(|f| f.owner).collect();
+    let unique: BTreeSet<i32> = owners.iter().map(|f| *f as i32).collect();
+    assert_eq!(unique.len(), owners.len(), "owners are unique");
+}
+
+#[test]
+fn each_table_entry_reads_its_own_field() {
+    // Setting one leaf makes exactly its entry report itself set.
+    for (i, path) in singular_leaves().iter().enumerate() {
+        let mut seeds = vec![None; singular_leaves().len()];
+        seeds[i] = Some(Seed {
+            int: 7,
+            flag: true,
+            text: "x".into(),
+        });
+        let r = build(
+            &seeds,
+            &Lists {
+                hugepages: BTreeMap::new(),
+                unified: BTreeMap::new(),
+                devices: Vec::new(),
+            },
+        );
+        let set: Vec<&str> = FIELDS.iter().filter(|f| f.is_set(&r)).map(|f| f.proto).collect();
+        assert_eq!(set, [dotted(path)]);
+    }
+}
+
+/// The shim's own overlay dropped these; plugins then saw stale values at
+/// Synchronize.
+#[test]
+fn an_update_of_hugepages_classes_devices_reaches_the_view() {
+    let mut view: api::LinuxResources = json(
+        r#"{"memory": {"limit": {"value": 100}}, "hugepage_limits": [{"page_size": "2MB", "limit": 1},
+            {"page_size": "1GB", "limit": 2}], "unified": {"a": "1"}, "blockio_class": {"value": "low"},
+            "devices": [{"allow": false, "access": "rwm"}]}"#,
+    );
+    let update: api::LinuxResources = json(
+        r#"{"hugepage_limits": [{"page_size": "2MB", "limit": 8}], "blockio_class": {"value": "high"},
+            "rdt_class": {"value": "gold"}, "unified": {"b": "2"}, "pids": {"limit": 50},
+            "devices": [{"allow": true, "type": "c", "major": {"value": 10}, "access": "rw"}]}"#,
+    );
+    overlay(&mut view, &update);
+    assert_eq!(hugepages(&view), BTreeMap::from([("1GB", 2), ("2MB", 8)]));
+    assert_eq!(view.blockio_class.value, "high");
+    assert_eq!(view.rdt_class.value, "gold");
+    assert_eq!(view.pids.limit, 50);
+    assert_eq!(view.devices, update.devices);
+    assert_eq!(view.unified.len(), 2);
+    assert_eq!(view.memory.limit.value, 100);
+}
+
+#[test]
+fn an_empty_update_changes_nothing() {
+    let mut view: api::LinuxResources = json(r#"{"cpu": {"cpus": "0-1"}, "devices": [{"allow": false}]}"#);
+    let before = view.clone();
+    overlay(&mut view, &api::LinuxResources::new());
+    assert_eq!(view, before);
+}
+
+#[test]
+fn device_rules_append_replace_or_keep() {
+    let cur: api::LinuxResources = json(r#"{"devices": [{"allow": false, "access": "rwm"}]}"#);
+    let upd: api::LinuxResources = json(r#"{"devices": [{"allow": true, "type": "c", "access": "r"}]}"#);
+    let devices = |rules| {
+        let mut r = cur.clone();
+        overlay_with(&mut r, &upd, rules);
+        r.devices.iter().map(|d| d.allow).collect::<Vec<_>>()
+    };
+    assert_eq!(devices(Rules::Append), [false, true]);
+    assert_eq!(devices(Rules::Replace), [true]);
+    assert_eq!(devices(Rules::Keep), [false]);
+}
+
+#[test]
+fn visit_names_each_set_part() {
+    let r: api::LinuxResources = json(
+        r#"{"cpu": {"quota": {"value": -1}, "mems": "0"}, "hugepage_limits": [{"page_size": "2MB", "limit": 4}],
+            "unified": {"io.max": "x"}, "rdt_class": {"value": "c"}, "pids": {"limit": 3},
+            "devices": [{"allow": true}]}"#,
+    );
+    let mut seen = Vec::new();
+    visit(&r, |f, e| {
+        let v = match e {
+            Entry::Scalar(v) => format!("{v:?}"),
+            Entry::Keyed(k, v) => format!("{k}={v:?}"),
+            Entry::Rules(list) => format!("{} rules", list.len()),
+        };
+        seen.push(format!("{} {v}", f.name));
+    });
+    assert_eq!(
+        seen,
+        [
+            "cpu.quota Int(-1)",
+            "cpu.mems Str(\"0\")",
+            "hugepages 2MB=Uint(4)",
+            "unified io.max=Str(\"x\")",
+            "rdt_class Str(\"c\")",
+            "pids.limit Int(3)",
+            "devices 1 rules",
+        ]
+    );
+}
+
+#[test]
+fn merge_claims_in_table_order_and_keeps_device_rules_out_of_updates() {
+    let mut own = api::FieldOwners::new();
+    let upd: api::LinuxResources = json(
+        r#"{"memory": {"swap": {"value": 1}}, "pids": {"limit": 2}, "unified": {"k": "v"},
+            "devices": [{"allow": true}]}"#,
+    );
+    let mut base = api::LinuxResources::new();
+    merge(&mut own, "10-a", &upd, &mut [&mut base], Rules::Keep).unwrap();
+    assert!(base.devices.is_empty());
+    assert_eq!(base.pids.limit, 2);
+    let e = merge(&mut own, "20-b", &upd, &mut [&mut base], Rules::Keep).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        r#"plugins "20-b" and "10-a" both tried to set MemSwapLimit"#
+    );
+}
+
+#[test]
+fn upsert_replaces_by_key_at_the_end() {
+    let mut list = vec![(1, 'a'), (2, 'b'), (1, 'c')];
+    upsert(&mut list, (1, 'd'), |x, y| x.0 == y.0);
+    assert_eq!(list, [(2, 'b'), (1, 'd')]);
+}
+
+#[test]
+fn removal_keys() {
+    assert_eq!(removal_key("-a"), Some("a"));
+    assert_eq!(removal_key("a"), None);
+    assert_eq!(removal_key("-"), None);
+}
+
+proptest! {
+    /// An update touching any subset of the fields reaches the view; the
+    /// untouched fields survive.
+    #[test]
+    fn overlay_reflects_any_update(before in arb_resources(), update in arb_resources()) {
+        let mut after = before.clone();
+        overlay(&mut after, &update);
+        check_overlay(&before, &update, &after)?;
+    }
+
+    /// An update touching every field replaces each of them.
+    #[test]
+    fn overlay_reflects_an_update_of_every_field(before in arb_resources(), update in arb_full_resources()) {
+        for f in FIELDS {
+            prop_assert!(f.is_set(&update), "the generator sets {}", f.name);
+        }
+        let mut after = before.clone();
+        overlay(&mut after, &update);
+        check_overlay(&before, &update, &after)?;
+    }
+
+    /// The create merge writes the same view as the overlay (device rules
+    /// appended instead of replaced).
+    #[test]
+    fn merge_writes_what_overlay_writes(before in arb_resources(), update in arb_resources()) {
+        let mut merged = before.clone();
+        let mut own = api::FieldOwners::new();
+        merge(&mut own, "10-a", &update, &mut [&mut merged], Rules::Append).unwrap();
+        let mut overlaid = before.clone();
+        overlay_with(&mut overlaid, &update, Rules::Append);
+        prop_assert_eq!(merged, overlaid);
+    }
+
+    /// `adjust` and `convert` agree: OCI resources from NRI ones read back
+    /// as the same NRI resources (the classes have no OCI form).
+    #[test]
+    fn oci_round_trip(mut r in arb_resources()) {
+        r.blockio_class.clear();
+        r.rdt_class.clear();
+        let oci = crate::spec::to_oci_resources(&r);
+        prop_assume!(oci.is_ok(), "a value the kernel rejects");
+        r.memory.mut_or_insert_default();
+        r.cpu.mut_or_insert_default();
+        prop_assert_eq!(crate::convert::resources_from_oci(&oci.unwrap()), r);
+    }
+}
