@@ -26,13 +26,14 @@
 //!
 //! Outside resources, two adjustment shapes carry `-key` removals: maps
 //! (annotations, sysctl, net devices) and keyed lists (env by name, mounts
-//! by destination, devices by path). [`removal_key`] reads the marker and
-//! [`upsert`] replaces a keyed list's entry.
+//! by destination, devices by path). [`removal_key`] reads the marker,
+//! [`upsert`] replaces a keyed list's entry, and the merge of each shape
+//! is one function (crate-private: it writes ownership records).
 
 use nri_proto::api::{self, Field};
 use oci_spec::runtime as oci;
 
-pub(crate) use self::keyed::apply_map;
+pub(crate) use self::keyed::{Keyed, apply_map, merge_keyed, merge_map};
 pub use self::{
     keyed::{removal_key, upsert},
     table::FIELDS,

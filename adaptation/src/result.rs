@@ -31,14 +31,14 @@
 //!   reported first is deterministic;
 //! * a conflict on a simple field has no trailing space after the field.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::HashMap;
 
 use nri_proto::api::{self, Field};
 use protobuf::MessageField;
 
 use crate::{
     owners::{FieldTable, Owners, Records},
-    resources::{self, Rules, removal_key},
+    resources::{self, Keyed, Rules, removal_key},
 };
 
 /// Conflicting or disallowed plugin adjustments.
@@ -300,82 +300,40 @@ impl CreateResult {
     }
 
     /// Annotations, sysctl and net devices: maps with `-key` removals.
-    fn annotations(&mut self, plugin: &str, m: std::collections::HashMap<String, String>) -> Result<(), MergeError> {
-        if m.is_empty() {
-            return Ok(());
-        }
-        let (dels, sets) = split_map(m);
-        let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
-        for (k, v) in sets {
-            let ctr = &mut self.request.container.mut_or_insert_default().annotations;
-            if dels.contains(&k) {
-                self.own.clear_compound(Field::Annotations, &k, plugin);
-                ctr.remove(&k);
-                self.reply.annotations.insert(format!("-{k}"), String::new());
-            }
-            self.own.claim_compound(Field::Annotations, &k, plugin)?;
-            let ctr = &mut self.request.container.mut_or_insert_default().annotations;
-            ctr.insert(k.clone(), v.clone());
-            self.reply.annotations.insert(k, v);
-        }
-        // Removal-only keys reach the runtime as markers; ownership and the
-        // request are left alone (upstream).
-        for k in &removal_only {
-            self.reply.annotations.insert(format!("-{k}"), String::new());
-        }
-        Ok(())
+    fn annotations(&mut self, plugin: &str, m: HashMap<String, String>) -> Result<(), MergeError> {
+        let ctr = &mut self.request.container.mut_or_insert_default().annotations;
+        resources::merge_map(
+            &mut self.own,
+            Field::Annotations,
+            plugin,
+            m,
+            ctr,
+            &mut self.reply.annotations,
+        )
     }
 
-    fn sysctl(&mut self, plugin: &str, m: std::collections::HashMap<String, String>) -> Result<(), MergeError> {
-        if m.is_empty() {
-            return Ok(());
-        }
-        let (dels, sets) = split_map(m);
-        let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
-        for (k, v) in sets {
-            if dels.contains(&k) {
-                self.own.clear_compound(Field::Sysctl, &k, plugin);
-                self.ctr_linux().sysctl.remove(&k);
-                self.reply_linux().sysctl.insert(format!("-{k}"), String::new());
-            }
-            self.own.claim_compound(Field::Sysctl, &k, plugin)?;
-            self.ctr_linux().sysctl.insert(k.clone(), v.clone());
-            self.reply_linux().sysctl.insert(k, v);
-        }
-        for k in &removal_only {
-            self.reply_linux().sysctl.insert(format!("-{k}"), String::new());
-        }
-        Ok(())
+    fn sysctl(&mut self, plugin: &str, m: HashMap<String, String>) -> Result<(), MergeError> {
+        let ctr = &mut self
+            .request
+            .container
+            .mut_or_insert_default()
+            .linux
+            .mut_or_insert_default()
+            .sysctl;
+        let reply = &mut self.reply.linux.mut_or_insert_default().sysctl;
+        resources::merge_map(&mut self.own, Field::Sysctl, plugin, m, ctr, reply)
     }
 
-    fn net_devices(
-        &mut self,
-        plugin: &str,
-        m: std::collections::HashMap<String, api::LinuxNetDevice>,
-    ) -> Result<(), MergeError> {
-        if m.is_empty() {
-            return Ok(());
-        }
-        let (dels, sets) = split_map(m);
-        let removal_only: Vec<String> = dels.iter().filter(|k| !sets.contains_key(*k)).cloned().collect();
-        for (k, v) in sets {
-            if dels.contains(&k) {
-                self.own.clear_compound(Field::LinuxNetDevices, &k, plugin);
-                self.ctr_linux().net_devices.remove(&k);
-                self.reply_linux()
-                    .net_devices
-                    .insert(format!("-{k}"), api::LinuxNetDevice::new());
-            }
-            self.own.claim_compound(Field::LinuxNetDevices, &k, plugin)?;
-            self.ctr_linux().net_devices.insert(k.clone(), v.clone());
-            self.reply_linux().net_devices.insert(k, v);
-        }
-        for k in &removal_only {
-            self.reply_linux()
-                .net_devices
-                .insert(format!("-{k}"), api::LinuxNetDevice::new());
-        }
-        Ok(())
+    fn net_devices(&mut self, plugin: &str, m: HashMap<String, api::LinuxNetDevice>) -> Result<(), MergeError> {
+        let ctr = &mut self
+            .request
+            .container
+            .mut_or_insert_default()
+            .linux
+            .mut_or_insert_default()
+            .net_devices;
+        let reply = &mut self.reply.linux.mut_or_insert_default().net_devices;
+        resources::merge_map(&mut self.own, Field::LinuxNetDevices, plugin, m, ctr, reply)
     }
 
     fn ctr_linux(&mut self) -> &mut api::LinuxContainer {
@@ -390,122 +348,52 @@ impl CreateResult {
         self.reply.linux.mut_or_insert_default()
     }
 
+    /// Mounts (by destination), devices (by path) and env (by name): keyed
+    /// lists with `-key` removals.
     fn mounts(&mut self, plugin: &str, mounts: Vec<api::Mount>) -> Result<(), MergeError> {
-        if mounts.is_empty() {
-            return Ok(());
-        }
-        let (del, add) = split_keyed(mounts, |m| &m.destination);
-        if !del.is_empty() {
-            // Removals drop what earlier plugins added, clearing their ownership.
-            let own = &mut self.own;
-            self.reply.mounts.retain(|m| {
-                let removed = del.contains_key(&m.destination);
-                if removed {
-                    own.clear_compound(Field::Mounts, &m.destination, plugin);
-                }
-                !removed
-            });
-        }
-        let mods = |k: &str| add.iter().any(|m| m.destination == k);
-        let ctr = self.request.container.mut_or_insert_default();
-        ctr.mounts
-            .retain(|m| !del.contains_key(&m.destination) && !mods(&m.destination));
-        for m in &add {
-            self.own.claim_compound(Field::Mounts, &m.destination, plugin)?;
-        }
-        let markers: Vec<api::Mount> = del
-            .into_iter()
-            .filter(|(key, m)| !mods(key) && !self.reply.mounts.iter().any(|x| x.destination == m.destination))
-            .map(|(_, m)| m)
-            .collect();
-        let ctr = self.request.container.mut_or_insert_default();
-        ctr.mounts.extend(add.iter().cloned());
-        self.reply.mounts.extend(add);
-        self.reply.mounts.extend(markers);
-        Ok(())
+        const MOUNTS: Keyed<api::Mount, api::Mount> = Keyed {
+            field: Field::Mounts,
+            key: |m| &m.destination,
+            ctr_key: |m| &m.destination,
+            to_ctr: Clone::clone,
+        };
+        let ctr = &mut self.request.container.mut_or_insert_default().mounts;
+        resources::merge_keyed(&mut self.own, &MOUNTS, plugin, mounts, &mut self.reply.mounts, ctr)
     }
 
     fn devices(&mut self, plugin: &str, devices: Vec<api::LinuxDevice>) -> Result<(), MergeError> {
-        if devices.is_empty() {
-            return Ok(());
-        }
-        let (del, add) = split_keyed(devices, |d| &d.path);
-        let reply = self.reply_linux();
-        let mut cleared = Vec::new();
-        let mut kept = Vec::new();
-        for d in std::mem::take(&mut reply.devices) {
-            if del.contains_key(&d.path) {
-                cleared.push(d.path.clone());
-            } else {
-                kept.push(d);
-            }
-        }
-        reply.devices = kept;
-        for path in cleared {
-            self.own.clear_compound(Field::Devices, &path, plugin);
-        }
-        let mods = |k: &str| add.iter().any(|d| d.path == k);
-        self.ctr_linux()
-            .devices
-            .retain(|d| !del.contains_key(&d.path) && !mods(&d.path));
-        for d in &add {
-            self.own.claim_compound(Field::Devices, &d.path, plugin)?;
-            self.reply_linux().devices.push(d.clone());
-        }
-        // Fix of upstream: forward the removal so the runtime drops an
-        // original device too.
-        for (key, d) in &del {
-            let reply = self.reply_linux();
-            if !mods(key) && !reply.devices.iter().any(|x| x.path == d.path) {
-                reply.devices.push(d.clone());
-            }
-        }
-        self.ctr_linux().devices.extend(add);
-        Ok(())
+        const DEVICES: Keyed<api::LinuxDevice, api::LinuxDevice> = Keyed {
+            field: Field::Devices,
+            key: |d| &d.path,
+            ctr_key: |d| &d.path,
+            to_ctr: Clone::clone,
+        };
+        let ctr = &mut self
+            .request
+            .container
+            .mut_or_insert_default()
+            .linux
+            .mut_or_insert_default()
+            .devices;
+        let reply = &mut self.reply.linux.mut_or_insert_default().devices;
+        resources::merge_keyed(&mut self.own, &DEVICES, plugin, devices, reply, ctr)
     }
 
     fn env(&mut self, plugin: &str, env: Vec<api::KeyValue>) -> Result<(), MergeError> {
-        if env.is_empty() {
-            return Ok(());
-        }
-        let (del, add) = split_keyed(env, |e| &e.key);
-        if !del.is_empty() {
-            let own = &mut self.own;
-            self.reply.env.retain(|e| {
-                let removed = del.contains_key(&e.key);
-                if removed {
-                    own.clear_compound(Field::Env, &e.key, plugin);
-                }
-                !removed
-            });
-        }
-        let mods = |k: &str| add.iter().any(|e| e.key == k);
-        let ctr = self.request.container.mut_or_insert_default();
-        ctr.env.retain(|e| {
-            let k = env_key(e);
-            !del.contains_key(k) && !mods(k)
-        });
-        for e in &add {
-            self.own.claim_compound(Field::Env, &e.key, plugin)?;
-        }
-        // Fix of upstream: forward the removal of an original variable.
-        let markers: Vec<api::KeyValue> = del
-            .into_iter()
-            .filter(|(key, e)| !mods(key) && !self.reply.env.iter().any(|x| x.key == e.key))
-            .map(|(_, e)| e)
-            .collect();
-        let ctr = self.request.container.mut_or_insert_default();
-        ctr.env.reserve(add.len());
-        for e in &add {
-            let mut kv = String::with_capacity(e.key.len() + 1 + e.value.len());
-            kv.push_str(&e.key);
-            kv.push('=');
-            kv.push_str(&e.value);
-            ctr.env.push(kv);
-        }
-        self.reply.env.extend(add);
-        self.reply.env.extend(markers);
-        Ok(())
+        const ENV: Keyed<api::KeyValue, String> = Keyed {
+            field: Field::Env,
+            key: |e| &e.key,
+            ctr_key: |e| env_key(e),
+            to_ctr: |e| {
+                let mut kv = String::with_capacity(e.key.len() + 1 + e.value.len());
+                kv.push_str(&e.key);
+                kv.push('=');
+                kv.push_str(&e.value);
+                kv
+            },
+        };
+        let ctr = &mut self.request.container.mut_or_insert_default().env;
+        resources::merge_keyed(&mut self.own, &ENV, plugin, env, &mut self.reply.env, ctr)
     }
 
     fn args(&mut self, plugin: &str, mut args: Vec<String>) -> Result<(), MergeError> {
@@ -656,38 +544,6 @@ impl CreateResult {
         }
         Ok(())
     }
-}
-
-/// Splits a map into removal keys and (sorted) sets.
-fn split_map<V>(m: std::collections::HashMap<String, V>) -> (BTreeSet<String>, BTreeMap<String, V>) {
-    let mut dels = BTreeSet::new();
-    let mut sets = BTreeMap::new();
-    for (k, v) in m {
-        match removal_key(&k) {
-            Some(key) => {
-                dels.insert(key.to_string());
-            }
-            None => {
-                sets.insert(k, v);
-            }
-        }
-    }
-    (dels, sets)
-}
-
-/// Splits keyed list entries into removals (by unmarked key) and additions.
-fn split_keyed<T>(items: Vec<T>, key: impl Fn(&T) -> &String) -> (BTreeMap<String, T>, Vec<T>) {
-    let mut del = BTreeMap::new();
-    let mut add = Vec::new();
-    for it in items {
-        match removal_key(key(&it)) {
-            Some(k) => {
-                del.insert(k.to_string(), it);
-            }
-            None => add.push(it),
-        }
-    }
-    (del, add)
 }
 
 /// Merged container updates, in first-touch order.

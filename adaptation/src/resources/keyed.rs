@@ -1,8 +1,12 @@
-//! The adjustment shapes with `-key` removals: maps (annotations, sysctl,
-//! net devices) and keyed lists (env by name, mounts by destination,
-//! devices by path).
+//! The generic merges of the adjustment shapes with `-key` removals: maps
+//! (annotations, sysctl, net devices) and keyed lists (env by name, mounts
+//! by destination, devices by path).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use nri_proto::api::Field;
+
+use crate::{owners::Records, result::MergeError};
 
 /// The key a `-key` entry removes (`None` for a plain key or a bare `-`).
 pub fn removal_key(key: &str) -> Option<&str> {
@@ -38,4 +42,117 @@ pub(crate) fn apply_map<V, T>(
             map.insert(k.clone(), v);
         }
     }
+}
+
+/// Map with `-key` removals, merged from one plugin: each set key (in
+/// sorted order) is claimed and written to the container `ctr` and the
+/// reply; a key both removed and set first clears its ownership to the
+/// plugin (which then takes it over) and reaches the reply as `-key` too.
+/// A removal-only key reaches the reply as a `-key` marker and leaves
+/// ownership and the container alone (upstream).
+pub(crate) fn merge_map<V: Clone + Default>(
+    own: &mut (impl Records + ?Sized),
+    field: Field,
+    plugin: &str,
+    adj: HashMap<String, V>,
+    ctr: &mut HashMap<String, V>,
+    reply: &mut HashMap<String, V>,
+) -> Result<(), MergeError> {
+    if adj.is_empty() {
+        return Ok(());
+    }
+    let mut dels = BTreeSet::new();
+    let mut sets = BTreeMap::new();
+    for (k, v) in adj {
+        match removal_key(&k) {
+            Some(key) => {
+                dels.insert(key.to_string());
+            }
+            None => {
+                sets.insert(k, v);
+            }
+        }
+    }
+    for (k, v) in sets {
+        if dels.remove(&k) {
+            own.clear_compound(field, &k, plugin);
+            ctr.remove(&k);
+            reply.insert(format!("-{k}"), V::default());
+        }
+        own.claim_compound(field, &k, plugin)?;
+        ctr.insert(k.clone(), v.clone());
+        reply.insert(k, v);
+    }
+    for k in dels {
+        reply.insert(format!("-{k}"), V::default());
+    }
+    Ok(())
+}
+
+/// How [`merge_keyed`] reads and writes one keyed list.
+pub(crate) struct Keyed<T, C> {
+    /// The ownership record.
+    pub field: Field,
+    /// An entry's key (`-key` for a removal).
+    pub key: fn(&T) -> &str,
+    /// A container entry's key.
+    pub ctr_key: fn(&C) -> &str,
+    /// The container's form of an entry.
+    pub to_ctr: fn(&T) -> C,
+}
+
+/// Keyed list with `-key` removals (env, mounts, devices), merged from one
+/// plugin. A removal drops the entries earlier plugins put in the reply
+/// (clearing their ownership to this plugin) and the container's entry;
+/// each added entry is claimed and replaces the container's entry of its
+/// key. A removal not re-added in the same response reaches the reply as a
+/// marker (once), so the runtime drops an entry of the original spec too.
+pub(crate) fn merge_keyed<T: Clone, C>(
+    own: &mut (impl Records + ?Sized),
+    k: &Keyed<T, C>,
+    plugin: &str,
+    items: Vec<T>,
+    reply: &mut Vec<T>,
+    ctr: &mut Vec<C>,
+) -> Result<(), MergeError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let mut del = BTreeMap::new();
+    let mut add = Vec::new();
+    for it in items {
+        match removal_key((k.key)(&it)) {
+            Some(key) => {
+                del.insert(key.to_string(), it);
+            }
+            None => add.push(it),
+        }
+    }
+    if !del.is_empty() {
+        reply.retain(|x| {
+            let removed = del.contains_key((k.key)(x));
+            if removed {
+                own.clear_compound(k.field, (k.key)(x), plugin);
+            }
+            !removed
+        });
+    }
+    let readded = |key: &str| add.iter().any(|x| (k.key)(x) == key);
+    ctr.retain(|x| {
+        let key = (k.ctr_key)(x);
+        !del.contains_key(key) && !readded(key)
+    });
+    for x in &add {
+        own.claim_compound(k.field, (k.key)(x), plugin)?;
+    }
+    let markers: Vec<T> = del
+        .into_iter()
+        .filter(|(key, m)| !readded(key) && !reply.iter().any(|x| (k.key)(x) == (k.key)(m)))
+        .map(|(_, m)| m)
+        .collect();
+    ctr.reserve(add.len());
+    ctr.extend(add.iter().map(k.to_ctr));
+    reply.extend(add);
+    reply.extend(markers);
+    Ok(())
 }
