@@ -282,11 +282,11 @@ fn plain(v: &serde_json::Value) -> String {
     }
 }
 
-/// The fields of `r` that are set, flattened to `section.field` keys:
-/// `memory.limit`, `memory.swap`, ..., `cpu.shares`, `cpu.quota`,
-/// `cpu.period`, `cpu.cpus`, `cpu.mems`, ..., `pids.limit`,
-/// `hugepages.<size>`, `unified.<key>`, `blockio_class`, `rdt_class`, and
-/// `devices` (the number of device cgroup rules).
+/// The fields of `r` that are set, keyed by their name in
+/// [`nri_adaptation::resources::FIELDS`]: `memory.limit`, `memory.swap`,
+/// ..., `cpu.shares`, `cpu.cpus`, ..., `blockio_class`, `rdt_class`,
+/// `pids.limit`; keyed fields per key (`hugepages.<size>`,
+/// `unified.<key>`); and `devices`, the number of device cgroup rules.
 ///
 /// ```
 /// use nri_stub::api;
@@ -299,76 +299,22 @@ fn plain(v: &serde_json::Value) -> String {
 /// assert_eq!(s.len(), 2);
 /// ```
 pub fn resources_summary(r: &api::LinuxResources) -> BTreeMap<String, serde_json::Value> {
-    use serde_json::Value;
-    let mut out = BTreeMap::new();
-    let mut put = |k: &str, v: Value| {
-        out.insert(k.to_string(), v);
+    use nri_adaptation::resources::{self, Entry, Value};
+    let json = |v: Value| match v {
+        Value::Int(n) => n.into(),
+        Value::Uint(n) => n.into(),
+        Value::Bool(b) => b.into(),
+        Value::Str(s) => s.into(),
     };
-    if let Some(m) = r.memory.as_ref() {
-        for (k, v) in [
-            ("memory.limit", m.limit.as_ref().map(|v| v.value)),
-            ("memory.reservation", m.reservation.as_ref().map(|v| v.value)),
-            ("memory.swap", m.swap.as_ref().map(|v| v.value)),
-            ("memory.kernel", m.kernel.as_ref().map(|v| v.value)),
-            ("memory.kernel_tcp", m.kernel_tcp.as_ref().map(|v| v.value)),
-        ] {
-            if let Some(v) = v {
-                put(k, v.into());
-            }
-        }
-        if let Some(v) = m.swappiness.as_ref() {
-            put("memory.swappiness", v.value.into());
-        }
-        if let Some(v) = m.disable_oom_killer.as_ref() {
-            put("memory.disable_oom_killer", v.value.into());
-        }
-        if let Some(v) = m.use_hierarchy.as_ref() {
-            put("memory.use_hierarchy", v.value.into());
-        }
-    }
-    if let Some(c) = r.cpu.as_ref() {
-        for (k, v) in [
-            ("cpu.shares", c.shares.as_ref().map(|v| v.value)),
-            ("cpu.period", c.period.as_ref().map(|v| v.value)),
-            ("cpu.realtime_period", c.realtime_period.as_ref().map(|v| v.value)),
-        ] {
-            if let Some(v) = v {
-                put(k, v.into());
-            }
-        }
-        for (k, v) in [
-            ("cpu.quota", c.quota.as_ref().map(|v| v.value)),
-            ("cpu.realtime_runtime", c.realtime_runtime.as_ref().map(|v| v.value)),
-        ] {
-            if let Some(v) = v {
-                put(k, v.into());
-            }
-        }
-        if !c.cpus.is_empty() {
-            put("cpu.cpus", c.cpus.clone().into());
-        }
-        if !c.mems.is_empty() {
-            put("cpu.mems", c.mems.clone().into());
-        }
-    }
-    if let Some(p) = r.pids.as_ref() {
-        put("pids.limit", p.limit.into());
-    }
-    for h in &r.hugepage_limits {
-        put(&format!("hugepages.{}", h.page_size), h.limit.into());
-    }
-    for (k, v) in &r.unified {
-        put(&format!("unified.{k}"), v.clone().into());
-    }
-    if let Some(v) = r.blockio_class.as_ref() {
-        put("blockio_class", v.value.clone().into());
-    }
-    if let Some(v) = r.rdt_class.as_ref() {
-        put("rdt_class", v.value.clone().into());
-    }
-    if !r.devices.is_empty() {
-        put("devices", r.devices.len().into());
-    }
+    let mut out = BTreeMap::new();
+    resources::visit(r, |f, e| {
+        let (key, value) = match e {
+            Entry::Scalar(v) => (f.name.to_string(), json(v)),
+            Entry::Keyed(k, v) => (format!("{}.{k}", f.name), json(v)),
+            Entry::Rules(rules) => (f.name.to_string(), rules.len().into()),
+        };
+        out.insert(key, value);
+    });
     out
 }
 
@@ -640,6 +586,37 @@ mod tests {
         );
         let back: Record = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn resources_summary_keys_every_shape() {
+        let mut r = api::LinuxResources::new();
+        let m = r.memory.mut_or_insert_default();
+        m.limit.mut_or_insert_default().value = 1;
+        m.swappiness.mut_or_insert_default().value = 10;
+        m.disable_oom_killer.mut_or_insert_default().value = true;
+        let c = r.cpu.mut_or_insert_default();
+        c.quota.mut_or_insert_default().value = -1;
+        c.period.mut_or_insert_default().value = 1000;
+        c.cpus = "0".into();
+        r.hugepage_limits.push(api::HugepageLimit {
+            page_size: "2MB".into(),
+            limit: 4,
+            ..Default::default()
+        });
+        r.unified.insert("io.max".into(), "x".into());
+        r.blockio_class.mut_or_insert_default().value = "b".into();
+        r.rdt_class.mut_or_insert_default().value = "r".into();
+        r.pids.mut_or_insert_default().limit = 3;
+        r.devices = vec![api::LinuxDeviceCgroup::new(), api::LinuxDeviceCgroup::new()];
+        assert_eq!(
+            serde_json::to_value(resources_summary(&r)).unwrap(),
+            serde_json::json!({
+                "memory.limit": 1, "memory.swappiness": 10, "memory.disable_oom_killer": true,
+                "cpu.quota": -1, "cpu.period": 1000, "cpu.cpus": "0", "hugepages.2MB": 4,
+                "unified.io.max": "x", "blockio_class": "b", "rdt_class": "r", "pids.limit": 3, "devices": 2,
+            })
+        );
     }
 
     #[test]
