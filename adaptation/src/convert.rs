@@ -38,17 +38,7 @@ fn oci_name<T: serde::Serialize>(v: &T) -> String {
 /// [`resources::FIELDS`] with an OCI counterpart (all but the block I/O and
 /// RDT classes). `memory` and `cpu` are present when the OCI spec has them.
 pub fn resources_from_oci(r: &LinuxResources) -> api::LinuxResources {
-    let mut out = api::LinuxResources::new();
-    if r.memory().is_some() {
-        out.memory.mut_or_insert_default();
-    }
-    if r.cpu().is_some() {
-        out.cpu.mut_or_insert_default();
-    }
-    for f in resources::FIELDS {
-        f.read_oci(r, &mut out);
-    }
-    out
+    resources::read_oci(r)
 }
 
 /// The NRI container `id` of pod `pod_id`, named `name`, as described by

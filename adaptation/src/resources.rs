@@ -34,6 +34,7 @@ use nri_proto::api::{self, Field};
 use oci_spec::runtime as oci;
 
 pub(crate) use self::keyed::{Keyed, apply_map, merge_keyed, merge_map};
+use self::table::SECTIONS;
 pub use self::{
     keyed::{removal_key, upsert},
     table::FIELDS,
@@ -185,11 +186,6 @@ impl ResourceField {
     }
 }
 
-/// The table entry named `name` (`memory.limit`, `hugepages`, ...).
-pub fn field(name: &str) -> Option<&'static ResourceField> {
-    FIELDS.iter().find(|f| f.name == name)
-}
-
 /// Reports every set part of `r`, field by field in table order.
 ///
 /// ```
@@ -232,13 +228,7 @@ pub fn overlay(current: &mut api::LinuxResources, update: &api::LinuxResources) 
 
 /// [`overlay`] with device rules combined as `rules` says.
 pub fn overlay_with(current: &mut api::LinuxResources, update: &api::LinuxResources, rules: Rules) {
-    // Sections the update has stay present even when empty.
-    if update.memory.is_some() {
-        current.memory.mut_or_insert_default();
-    }
-    if update.cpu.is_some() {
-        current.cpu.mut_or_insert_default();
-    }
+    open_sections(current, update);
     for f in FIELDS {
         f.overlay(current, update, rules);
     }
@@ -254,12 +244,7 @@ pub(crate) fn merge(
     rules: Rules,
 ) -> Result<(), MergeError> {
     for t in targets.iter_mut() {
-        if update.memory.is_some() {
-            t.memory.mut_or_insert_default();
-        }
-        if update.cpu.is_some() {
-            t.cpu.mut_or_insert_default();
-        }
+        open_sections(t, update);
     }
     for f in FIELDS {
         f.claim(update, own, plugin)?;
@@ -268,6 +253,27 @@ pub(crate) fn merge(
         }
     }
     Ok(())
+}
+
+/// NRI resources from OCI resources: every field with an OCI counterpart
+/// (all but the block I/O and RDT classes), and the sections (`memory`,
+/// `cpu`) the OCI resources have, even empty.
+pub(crate) fn read_oci(r: &oci::LinuxResources) -> api::LinuxResources {
+    let mut out = api::LinuxResources::new();
+    for s in SECTIONS.iter().filter(|s| (s.in_oci)(r)) {
+        (s.open)(&mut out);
+    }
+    for f in FIELDS {
+        f.read_oci(r, &mut out);
+    }
+    out
+}
+
+/// Sections `update` has stay present in `target` even when empty.
+fn open_sections(target: &mut api::LinuxResources, update: &api::LinuxResources) {
+    for s in SECTIONS.iter().filter(|s| (s.present)(update)) {
+        (s.open)(target);
+    }
 }
 
 #[cfg(test)]

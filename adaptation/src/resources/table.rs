@@ -10,6 +10,35 @@ use protobuf::MessageField;
 use super::{Entry, Oci, ResourceField, Rules, Shape, Value, upsert};
 use crate::spec::{AdjustError, device_type, invalid};
 
+/// A sub-message of `LinuxResources` that holds scalars.
+pub(super) struct Section {
+    /// Whether NRI resources have it.
+    pub(super) present: fn(&api::LinuxResources) -> bool,
+    /// Whether OCI resources have it.
+    pub(super) in_oci: fn(&oci::LinuxResources) -> bool,
+    /// Makes it present in NRI resources.
+    pub(super) open: fn(&mut api::LinuxResources),
+}
+
+/// The sections of `LinuxResources`: present (perhaps empty) in a view as
+/// soon as an update or the OCI spec has them.
+pub(super) static SECTIONS: &[Section] = &[
+    Section {
+        present: |r| r.memory.is_some(),
+        in_oci: |o| o.memory().is_some(),
+        open: |r| {
+            r.memory.mut_or_insert_default();
+        },
+    },
+    Section {
+        present: |r| r.cpu.is_some(),
+        in_oci: |o| o.cpu().is_some(),
+        open: |r| {
+            r.cpu.mut_or_insert_default();
+        },
+    },
+];
+
 /// Storage of a scalar in the generated messages: an `Optional*` wrapper,
 /// a string that is unset when empty, or the pids message.
 trait Slot: Clone {

@@ -251,6 +251,26 @@ fn the_table_has_every_field_of_the_generated_messages() {
 }
 
 #[test]
+fn the_sections_are_the_messages_of_several_fields() {
+    let md = api::LinuxResources::descriptor();
+    let sections: Vec<FieldDescriptor> = md
+        .fields()
+        .filter(|fd| matches!(fd.runtime_field_type(), RuntimeFieldType::Singular(RuntimeType::Message(m)) if m.fields().count() > 1))
+        .collect();
+    assert_eq!(sections.len(), SECTIONS.len());
+    for fd in sections {
+        // An empty section alone: exactly one entry sees it, and an
+        // overlay keeps it present.
+        let mut r = api::LinuxResources::new();
+        fd.mut_message(&mut r);
+        assert_eq!(SECTIONS.iter().filter(|s| (s.present)(&r)).count(), 1, "{}", fd.name());
+        let mut view = api::LinuxResources::new();
+        overlay(&mut view, &r);
+        assert_eq!(view, r, "{}", fd.name());
+    }
+}
+
+#[test]
 fn each_table_entry_reads_its_own_field() {
     // Setting one leaf makes exactly its entry report itself set.
     for (i, path) in singular_leaves().iter().enumerate() {
