@@ -43,6 +43,8 @@ use crate::{owners::Records, result::MergeError, spec::AdjustError};
 
 mod keyed;
 mod table;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 /// How a resource field is laid out, and so how it is merged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

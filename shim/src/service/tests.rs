@@ -772,3 +772,73 @@ async fn idle_accounting_counts_tasks_and_requests() {
     f.service.delete(NS, "c1", "").await.unwrap();
     assert!(f.service.idle_for().is_some_and(|d| d < Duration::from_secs(5)));
 }
+
+/// Applies `resources` as an NRI container update of `c1`; true when the
+/// runtime took it (the field table's OCI form exists for it).
+async fn nri_update(f: &Fixture, resources: &api::LinuxResources) -> bool {
+    let mut u = api::ContainerUpdate::new();
+    u.container_id = "c1".into();
+    u.linux.mut_or_insert_default().resources = protobuf::MessageField::some(resources.clone());
+    f.service.apply_updates(vec![u]).await.is_empty()
+}
+
+fn view(f: &Fixture) -> api::LinuxResources {
+    f.service.nri_state().containers[0]
+        .linux
+        .resources
+        .get_or_default()
+        .clone()
+}
+
+fn property_case(
+    before: &api::LinuxResources,
+    update: &api::LinuxResources,
+) -> std::result::Result<(), proptest::test_runner::TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let f = Fixture::new();
+        f.create("c1", &[]).await.unwrap();
+        nri_update(&f, before).await;
+        let prev = view(&f);
+        let taken = nri_update(&f, update).await;
+        let after = view(&f);
+        proptest::prop_assert_eq!(taken, nri_adaptation::spec::to_oci_resources(update).is_ok());
+        if taken {
+            nri_adaptation::resources::testing::check_overlay(&prev, update, &after)
+        } else {
+            proptest::prop_assert_eq!(&after, &prev, "a refused update leaves the view");
+            Ok(())
+        }
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// What plugins get at Synchronize stays what the container runs
+    /// with: an NRI update of any resource fields reaches the shim's view
+    /// of the container (the old hand-written overlay dropped hugepage
+    /// limits, classes and device rules), and a refused one changes nothing.
+    #[test]
+    fn an_update_of_any_resource_field_reaches_the_nri_view(
+        before in nri_adaptation::resources::testing::arb_resources(),
+        update in nri_adaptation::resources::testing::arb_resources(),
+    ) {
+        property_case(&before, &update)?;
+    }
+
+    /// Every field at once (block I/O and RDT classes need a class
+    /// resolver this runtime does not have: they are refused, tested above).
+    #[test]
+    fn an_update_of_every_resource_field_reaches_the_nri_view(
+        before in nri_adaptation::resources::testing::arb_resources(),
+        mut update in nri_adaptation::resources::testing::arb_full_resources(),
+    ) {
+        update.blockio_class.clear();
+        update.rdt_class.clear();
+        property_case(&before, &update)?;
+    }
+}

@@ -66,7 +66,7 @@ impl Service {
         self.runner().update(task.target(), &oci).await?;
         let mut c = lock(&task.container);
         let current = c.linux.mut_or_insert_default().resources.mut_or_insert_default();
-        merge_resources(current, resources);
+        nri_adaptation::resources::overlay(current, resources);
         Ok(())
     }
 
@@ -103,44 +103,5 @@ impl Service {
             stats: MessageField::some(crate::events::to_any(&metrics)),
             ..Default::default()
         })
-    }
-}
-
-/// Overlays the present fields of `update` on `current` (the NRI view).
-fn merge_resources(current: &mut api::LinuxResources, update: &api::LinuxResources) {
-    if let Some(m) = update.memory.as_ref() {
-        let cur = current.memory.mut_or_insert_default();
-        macro_rules! take {
-            ($($f:ident),*) => { $( if m.$f.is_some() { cur.$f = m.$f.clone(); } )* };
-        }
-        take!(
-            limit,
-            reservation,
-            swap,
-            kernel,
-            kernel_tcp,
-            swappiness,
-            disable_oom_killer,
-            use_hierarchy
-        );
-    }
-    if let Some(c) = update.cpu.as_ref() {
-        let cur = current.cpu.mut_or_insert_default();
-        macro_rules! take {
-            ($($f:ident),*) => { $( if c.$f.is_some() { cur.$f = c.$f.clone(); } )* };
-        }
-        take!(shares, quota, period, realtime_runtime, realtime_period);
-        if !c.cpus.is_empty() {
-            cur.cpus = c.cpus.clone();
-        }
-        if !c.mems.is_empty() {
-            cur.mems = c.mems.clone();
-        }
-    }
-    if update.pids.is_some() {
-        current.pids = update.pids.clone();
-    }
-    for (k, v) in &update.unified {
-        current.unified.insert(k.clone(), v.clone());
     }
 }
