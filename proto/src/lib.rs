@@ -10,6 +10,7 @@
 //! | [`mux`] | the trunk multiplexer that carries both ttrpc sessions over one unix socket |
 //! | [`events`] | event subscription masks (`Event e` is bit `e - 1`) |
 //! | [`naming`] | plugin index and name rules (`IDX-NAME`) |
+//! | [`plugin`] | the [`Plugin`](plugin::Plugin) trait (one async method per event) and the adapter that serves it as the `Plugin` service |
 //!
 //! Messages, services and field numbers are those of upstream NRI v0.12, so
 //! an unmodified Go plugin built with containerd/nri's `pkg/stub` talks to a
@@ -70,6 +71,7 @@ pub mod api_ttrpc {
 pub mod events;
 pub mod mux;
 pub mod naming;
+pub mod plugin;
 
 pub use protobuf;
 pub use ttrpc;

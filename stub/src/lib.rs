@@ -55,7 +55,7 @@
 use std::{
     os::fd::{FromRawFd, OwnedFd},
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -65,13 +65,15 @@ use nri_proto::{
     api_ttrpc,
     mux::{Mux, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN},
     naming::{self, NamingError},
+    plugin::PluginAdapter,
     transport,
 };
 use tokio::{net::UnixStream, sync::watch};
-use ttrpc::asynchronous::{Server, TtrpcContext};
+use ttrpc::asynchronous::Server;
 
-/// Error type plugin handlers return; any error converts into it with `?`.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The plugin trait and its error type live in [`nri_proto::plugin`], shared
+/// with runtimes that call in-process plugins through the same adapter.
+pub use nri_proto::plugin::{BoxError, Plugin};
 
 /// An error and its causes on one line (see [`nri_proto::error_chain`]).
 /// For a plugin binary's exit message:
@@ -142,134 +144,6 @@ pub enum StubError {
     /// An UpdateContainers request failed.
     #[error("UpdateContainers failed: {0}")]
     Update(ttrpc::Error),
-}
-
-/// An NRI plugin: one method per request the runtime can send.
-///
-/// Every method has a default that accepts the event and changes nothing,
-/// so a plugin implements only what it cares about. Which events the runtime
-/// sends is decided by the subscription mask ([`StubBuilder::with_events`],
-/// or the mask [`Plugin::configure`] returns), not by which methods exist.
-///
-/// A handler error fails the runtime's request (for CreateContainer, the
-/// container is not created) and is reported with the error's text. A
-/// [`Plugin::validate_container_adjustment`] error rejects the adjustment
-/// with the error's text as the reason.
-#[async_trait]
-pub trait Plugin: Send + Sync + 'static {
-    /// Called once after registration with the runtime's identity, the
-    /// plugin's configuration (non-empty only for plugins the runtime
-    /// launched from its plugin directory) and the runtime's timeouts.
-    /// Return the events to subscribe to; an empty mask keeps the stub's.
-    async fn configure(&self, _req: &api::ConfigureRequest) -> Result<EventMask, BoxError> {
-        Ok(EventMask::default())
-    }
-
-    /// The runtime's existing pods and containers, once, after configure.
-    /// Return updates for existing containers.
-    async fn synchronize(
-        &self,
-        _pods: &[api::PodSandbox],
-        _containers: &[api::Container],
-    ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
-        Ok(Vec::new())
-    }
-
-    /// The runtime asks the plugin to shut down.
-    async fn shutdown(&self) {}
-
-    /// A pod sandbox is being created.
-    async fn run_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A pod sandbox's resources are being updated.
-    async fn update_pod_sandbox(&self, _req: &api::UpdatePodSandboxRequest) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A pod sandbox's resources were updated.
-    async fn post_update_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A pod sandbox is being stopped.
-    async fn stop_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A pod sandbox is being removed.
-    async fn remove_pod_sandbox(&self, _pod: &api::PodSandbox) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A container is being created: return adjustments to its spec and
-    /// updates for other containers.
-    async fn create_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-    ) -> Result<api::CreateContainerResponse, BoxError> {
-        Ok(api::CreateContainerResponse::new())
-    }
-
-    /// A container was created.
-    async fn post_create_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A container is being started.
-    async fn start_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A container was started.
-    async fn post_start_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A container's resources are being updated to `resources`; return
-    /// updates (including for that container) and evictions.
-    async fn update_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-        _resources: &api::LinuxResources,
-    ) -> Result<api::UpdateContainerResponse, BoxError> {
-        Ok(api::UpdateContainerResponse::new())
-    }
-
-    /// A container's resources were updated.
-    async fn post_update_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// A container is stopping (or stopped by itself); return updates for
-    /// other containers.
-    async fn stop_container(
-        &self,
-        _pod: &api::PodSandbox,
-        _container: &api::Container,
-    ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
-        Ok(Vec::new())
-    }
-
-    /// A container is being removed.
-    async fn remove_container(&self, _pod: &api::PodSandbox, _container: &api::Container) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// Approve (Ok) or reject (Err, the text is the reason) the merged
-    /// adjustment of a container before the runtime applies it.
-    async fn validate_container_adjustment(
-        &self,
-        _req: &api::ValidateContainerAdjustmentRequest,
-    ) -> Result<(), BoxError> {
-        Ok(())
-    }
-
-    /// The connection to the runtime is gone.
-    async fn on_close(&self) {}
 }
 
 /// Name and index from, in order: the builder, the environment, an
@@ -454,16 +328,28 @@ impl Stub {
 
         let (configured_tx, mut configured_rx) = watch::channel(None);
         let (state_tx, _) = watch::channel(State::Running);
-        let service = Arc::new(PluginService {
-            plugin: self.plugin.clone(),
-            events: self.events,
-            sync: Mutex::new(None),
-            configured: configured_tx,
-            state: state_tx.clone(),
-        });
+        let shutdown_state = state_tx.clone();
+        let service = PluginAdapter::new(self.plugin.clone(), self.events)
+            .with_configure_hook(move |req, result| {
+                let outcome = match result {
+                    Ok(events) => Ok(RuntimeInfo {
+                        name: req.runtime_name.clone(),
+                        version: req.runtime_version.clone(),
+                        nri_version: req.NRI_version.clone(),
+                        registration_timeout: ms(req.registration_timeout),
+                        request_timeout: ms(req.request_timeout),
+                        events,
+                    }),
+                    Err(e) => Err(format!("configure handler failed: {e}")),
+                };
+                configured_tx.send_replace(Some(outcome));
+            })
+            .with_shutdown_hook(move || {
+                shutdown_state.send_replace(State::Shutdown);
+            });
         let mut server = Server::new()
             .add_listener(transport::listener(plugin_conn))
-            .register_service(api_ttrpc::create_plugin(service));
+            .register_service(api_ttrpc::create_plugin(Arc::new(service)));
         server.start().await.map_err(StubError::Server)?;
 
         let runtime = api_ttrpc::RuntimeClient::new(transport::client(runtime_conn));
@@ -591,6 +477,10 @@ const fn libc_s_ifsock() -> u32 {
     0o140000
 }
 
+fn ms(v: i64) -> Duration {
+    Duration::from_millis(v.max(0) as u64)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Running,
@@ -678,293 +568,6 @@ impl StubHandle {
             State::Shutdown | State::Stopped => Ok(()),
             State::Running | State::Closed => Err(StubError::ConnectionClosed),
         }
-    }
-}
-
-/// The stub's side of the `Plugin` ttrpc service.
-struct PluginService {
-    plugin: Arc<dyn Plugin>,
-    events: EventMask,
-    /// Pods and containers of a split sync collected so far.
-    sync: Mutex<Option<(Vec<api::PodSandbox>, Vec<api::Container>)>>,
-    configured: watch::Sender<Option<Result<RuntimeInfo, String>>>,
-    state: watch::Sender<State>,
-}
-
-fn plugin_error(e: BoxError) -> ttrpc::Error {
-    ttrpc::Error::RpcStatus(ttrpc::get_status(ttrpc::Code::UNKNOWN, e.to_string()))
-}
-
-fn ms(v: i64) -> Duration {
-    Duration::from_millis(v.max(0) as u64)
-}
-
-#[async_trait]
-impl api_ttrpc::Plugin for PluginService {
-    async fn configure(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::ConfigureRequest,
-    ) -> ttrpc::Result<api::ConfigureResponse> {
-        let result = self.plugin.configure(&req).await;
-        let events = match &result {
-            Ok(m) if m.bits() != 0 => *m,
-            _ => self.events,
-        };
-        let outcome = result.as_ref().map(|_| RuntimeInfo {
-            name: req.runtime_name.clone(),
-            version: req.runtime_version.clone(),
-            nri_version: req.NRI_version.clone(),
-            registration_timeout: ms(req.registration_timeout),
-            request_timeout: ms(req.request_timeout),
-            events,
-        });
-        self.configured
-            .send_replace(Some(outcome.map_err(|e| format!("configure handler failed: {e}"))));
-        match result {
-            Ok(_) => Ok(api::ConfigureResponse {
-                events: events.bits(),
-                ..Default::default()
-            }),
-            Err(e) => Err(plugin_error(e)),
-        }
-    }
-
-    async fn synchronize(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::SynchronizeRequest,
-    ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let (pods, containers) = {
-            let mut collected = self.sync.lock().unwrap_or_else(|p| p.into_inner());
-            let acc = collected.get_or_insert_with(Default::default);
-            acc.0.extend(req.pods);
-            acc.1.extend(req.containers);
-            if req.more {
-                return Ok(api::SynchronizeResponse {
-                    more: true,
-                    ..Default::default()
-                });
-            }
-            collected.take().unwrap_or_default()
-        };
-        let update = self
-            .plugin
-            .synchronize(&pods, &containers)
-            .await
-            .map_err(plugin_error)?;
-        Ok(api::SynchronizeResponse {
-            update,
-            more: false,
-            ..Default::default()
-        })
-    }
-
-    async fn shutdown(&self, _ctx: &TtrpcContext, _req: api::Empty) -> ttrpc::Result<api::Empty> {
-        self.plugin.shutdown().await;
-        self.state.send_replace(State::Shutdown);
-        Ok(api::Empty::new())
-    }
-
-    async fn run_pod_sandbox(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::RunPodSandboxRequest,
-    ) -> ttrpc::Result<api::RunPodSandboxResponse> {
-        self.plugin
-            .run_pod_sandbox(req.pod.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn update_pod_sandbox(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::UpdatePodSandboxRequest,
-    ) -> ttrpc::Result<api::UpdatePodSandboxResponse> {
-        self.plugin.update_pod_sandbox(&req).await.map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn post_update_pod_sandbox(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::PostUpdatePodSandboxRequest,
-    ) -> ttrpc::Result<api::PostUpdatePodSandboxResponse> {
-        self.plugin
-            .post_update_pod_sandbox(req.pod.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn stop_pod_sandbox(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::StopPodSandboxRequest,
-    ) -> ttrpc::Result<api::StopPodSandboxResponse> {
-        self.plugin
-            .stop_pod_sandbox(req.pod.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn remove_pod_sandbox(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::RemovePodSandboxRequest,
-    ) -> ttrpc::Result<api::RemovePodSandboxResponse> {
-        self.plugin
-            .remove_pod_sandbox(req.pod.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn create_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::CreateContainerRequest,
-    ) -> ttrpc::Result<api::CreateContainerResponse> {
-        self.plugin
-            .create_container(req.pod.get_or_default(), req.container.get_or_default())
-            .await
-            .map_err(plugin_error)
-    }
-
-    async fn post_create_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::PostCreateContainerRequest,
-    ) -> ttrpc::Result<api::PostCreateContainerResponse> {
-        self.plugin
-            .post_create_container(req.pod.get_or_default(), req.container.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn start_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::StartContainerRequest,
-    ) -> ttrpc::Result<api::StartContainerResponse> {
-        self.plugin
-            .start_container(req.pod.get_or_default(), req.container.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn post_start_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::PostStartContainerRequest,
-    ) -> ttrpc::Result<api::PostStartContainerResponse> {
-        self.plugin
-            .post_start_container(req.pod.get_or_default(), req.container.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn update_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::UpdateContainerRequest,
-    ) -> ttrpc::Result<api::UpdateContainerResponse> {
-        self.plugin
-            .update_container(
-                req.pod.get_or_default(),
-                req.container.get_or_default(),
-                req.linux_resources.get_or_default(),
-            )
-            .await
-            .map_err(plugin_error)
-    }
-
-    async fn post_update_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::PostUpdateContainerRequest,
-    ) -> ttrpc::Result<api::PostUpdateContainerResponse> {
-        self.plugin
-            .post_update_container(req.pod.get_or_default(), req.container.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn stop_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::StopContainerRequest,
-    ) -> ttrpc::Result<api::StopContainerResponse> {
-        let update = self
-            .plugin
-            .stop_container(req.pod.get_or_default(), req.container.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(api::StopContainerResponse {
-            update,
-            ..Default::default()
-        })
-    }
-
-    async fn remove_container(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::RemoveContainerRequest,
-    ) -> ttrpc::Result<api::RemoveContainerResponse> {
-        self.plugin
-            .remove_container(req.pod.get_or_default(), req.container.get_or_default())
-            .await
-            .map_err(plugin_error)?;
-        Ok(Default::default())
-    }
-
-    async fn state_change(&self, _ctx: &TtrpcContext, req: api::StateChangeEvent) -> ttrpc::Result<api::Empty> {
-        use api::Event as E;
-        let pod = req.pod.get_or_default();
-        let ctr = req.container.get_or_default();
-        let p = &self.plugin;
-        let r = match req.event.enum_value_or_default() {
-            E::RUN_POD_SANDBOX => p.run_pod_sandbox(pod).await,
-            E::POST_UPDATE_POD_SANDBOX => p.post_update_pod_sandbox(pod).await,
-            E::STOP_POD_SANDBOX => p.stop_pod_sandbox(pod).await,
-            E::REMOVE_POD_SANDBOX => p.remove_pod_sandbox(pod).await,
-            E::POST_CREATE_CONTAINER => p.post_create_container(pod, ctr).await,
-            E::START_CONTAINER => p.start_container(pod, ctr).await,
-            E::POST_START_CONTAINER => p.post_start_container(pod, ctr).await,
-            E::POST_UPDATE_CONTAINER => p.post_update_container(pod, ctr).await,
-            E::REMOVE_CONTAINER => p.remove_container(pod, ctr).await,
-            other => {
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                    ttrpc::Code::INVALID_ARGUMENT,
-                    format!("StateChange cannot carry event {other:?}"),
-                )));
-            }
-        };
-        r.map_err(plugin_error)?;
-        Ok(api::Empty::new())
-    }
-
-    async fn validate_container_adjustment(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::ValidateContainerAdjustmentRequest,
-    ) -> ttrpc::Result<api::ValidateContainerAdjustmentResponse> {
-        // As upstream's stub: a handler error is a rejection, not an RPC failure.
-        Ok(match self.plugin.validate_container_adjustment(&req).await {
-            Ok(()) => api::ValidateContainerAdjustmentResponse::new(),
-            Err(e) => api::ValidateContainerAdjustmentResponse {
-                reject: true,
-                reason: e.to_string(),
-                ..Default::default()
-            },
-        })
     }
 }
 
