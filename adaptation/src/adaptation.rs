@@ -77,12 +77,12 @@ struct Builtin {
     idx: String,
     base: String,
     events: nri_proto::events::EventMask,
-    plugin: Arc<dyn nri_stub::Plugin>,
+    plugin: Arc<dyn nri_proto::plugin::Plugin>,
 }
 
 impl AdaptationBuilder {
     /// Adds a plugin that runs inside the runtime's process: the same
-    /// [`nri_stub::Plugin`] trait as out-of-process Rust plugins, called
+    /// [`Plugin`](nri_proto::plugin::Plugin) trait (`nri_stub::Plugin`) as out-of-process Rust plugins, called
     /// directly (no socket, no serialization). `events` is its
     /// subscription unless its `configure` returns a non-empty mask.
     /// Builtins start before pre-installed plugins; one that fails to
@@ -92,7 +92,7 @@ impl AdaptationBuilder {
         idx: impl Into<String>,
         name: impl Into<String>,
         events: nri_proto::events::EventMask,
-        plugin: Arc<dyn nri_stub::Plugin>,
+        plugin: Arc<dyn nri_proto::plugin::Plugin>,
     ) -> Self {
         self.builtins.push(Builtin {
             idx: idx.into(),
@@ -341,7 +341,7 @@ impl Adaptation {
         for b in &self.inner.builtins {
             let host: Arc<dyn Host> = Arc::new(HostRef(Arc::downgrade(&self.inner)));
             let policy = self.inner.opts.failure_policy(&b.idx, &b.base);
-            match Plugin::builtin_plugin(
+            match Plugin::builtin(
                 b.idx.clone(),
                 b.base.clone(),
                 b.events,

@@ -1,0 +1,286 @@
+//! One plugin, runtime side: the record of a registered and configured
+//! plugin and one method per request, each sent through the plugin's
+//! [`Link`] (ttrpc to a plugin process, or a direct call in process).
+//! How a connection becomes a plugin is in [`handshake`].
+
+mod handshake;
+mod link;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicI32, Ordering},
+    },
+    time::Duration,
+};
+
+use nri_proto::{
+    api::{self, Event},
+    events::EventMask,
+    plugin::NOTIFICATIONS,
+};
+
+pub use handshake::HandshakeError;
+pub(crate) use handshake::{HandshakeParams, Host, LaunchedIdentity};
+use link::Link;
+
+use crate::{config::FailurePolicy, error::PluginError, launch::PluginProcess};
+
+/// How a plugin came to be connected.
+#[derive(Debug, Clone)]
+pub enum PluginOrigin {
+    /// It dialled the runtime's socket. `pid` from SO_PEERCRED, if known.
+    External {
+        /// Peer process id.
+        pid: Option<i32>,
+    },
+    /// It runs inside the runtime's process.
+    Builtin,
+    /// The runtime launched it from the plugin directory.
+    Launched {
+        /// Path of the executable.
+        path: std::path::PathBuf,
+        /// Process id of the launched plugin.
+        pid: Option<u32>,
+    },
+}
+
+/// A connected, configured plugin.
+pub(crate) struct Plugin {
+    pub idx: String,
+    pub base: String,
+    /// `IDX-NAME`, computed once.
+    qualified: String,
+    pub origin: PluginOrigin,
+    pub policy: FailurePolicy,
+    events: AtomicI32,
+    link: Box<dyn Link>,
+    /// Set by [`Plugin::close`]; `close_notify` wakes [`Plugin::closed`].
+    closed: AtomicBool,
+    close_notify: tokio::sync::Notify,
+    /// A launched plugin's process, which leads its own process group.
+    /// Held across kill and reap, so every caller returns after the
+    /// process is gone.
+    child: tokio::sync::Mutex<Option<PluginProcess>>,
+    host: Arc<dyn Host>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name())
+            .field("origin", &self.origin)
+            .field("events", &self.events())
+            .finish()
+    }
+}
+
+/// What a plugin record is made of, whatever its link.
+pub(crate) struct Parts {
+    pub idx: String,
+    pub base: String,
+    pub origin: PluginOrigin,
+    pub policy: FailurePolicy,
+    pub link: Box<dyn Link>,
+    pub child: Option<PluginProcess>,
+    pub host: Arc<dyn Host>,
+}
+
+impl Plugin {
+    /// The one place a plugin record is written. The record is not
+    /// configured yet (no events).
+    fn new(parts: Parts) -> Arc<Plugin> {
+        Arc::new(Plugin {
+            qualified: format!("{}-{}", parts.idx, parts.base),
+            idx: parts.idx,
+            base: parts.base,
+            origin: parts.origin,
+            policy: parts.policy,
+            events: AtomicI32::new(0),
+            link: parts.link,
+            closed: AtomicBool::new(false),
+            close_notify: tokio::sync::Notify::new(),
+            child: tokio::sync::Mutex::new(parts.child),
+            host: parts.host,
+        })
+    }
+
+    /// Builds the record from `parts` and configures it; a plugin that
+    /// fails to configure is closed.
+    async fn configured(parts: Parts, params: &HandshakeParams, config: String) -> Result<Arc<Plugin>, HandshakeError> {
+        let plugin = Plugin::new(parts);
+        if let Err(e) = plugin.configure(params, config).await {
+            plugin.close().await;
+            return Err(e);
+        }
+        Ok(plugin)
+    }
+
+    async fn configure(&self, params: &HandshakeParams, config: String) -> Result<(), HandshakeError> {
+        let req = api::ConfigureRequest {
+            config,
+            runtime_name: params.runtime_name.clone(),
+            runtime_version: params.runtime_version.clone(),
+            registration_timeout: params.registration_timeout.as_millis() as i64,
+            request_timeout: params.request_timeout.as_millis() as i64,
+            NRI_version: nri_proto::NRI_VERSION.to_string(),
+            ..Default::default()
+        };
+        let rsp = self
+            .request("Configure", self.link.configure(&req))
+            .await
+            .map_err(|e| HandshakeError::Configure(e.to_string()))?;
+        let mask = EventMask::from_configure(rsp.events).map_err(|e| HandshakeError::Configure(e.to_string()))?;
+        self.events.store(mask.bits(), Ordering::SeqCst);
+        tracing::info!(plugin = %self.name(), events = %mask, "plugin configured");
+        Ok(())
+    }
+
+    /// `IDX-NAME`.
+    pub fn name(&self) -> &str {
+        &self.qualified
+    }
+
+    /// The subscription mask (0 before Configure).
+    pub fn events(&self) -> EventMask {
+        EventMask::from_bits(self.events.load(Ordering::SeqCst))
+    }
+
+    /// Whether the plugin wants `event`.
+    pub fn subscribed(&self, event: Event) -> bool {
+        !self.is_closed() && self.events().is_set(event)
+    }
+
+    /// Whether the plugin was closed or its connection went away.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst) || self.link.is_closed()
+    }
+
+    /// Waits until the plugin is closed or its connection goes away.
+    pub async fn closed(&self) {
+        let closed_here = async {
+            loop {
+                let notified = self.close_notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.closed.load(Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::select! {
+            () = closed_here => {}
+            () = self.link.closed() => {}
+        }
+    }
+
+    /// Closes the connection (idempotent) and frees the plugin's name.
+    /// Launched processes are killed by [`Plugin::kill`].
+    pub async fn close(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::info!(plugin = %self.name(), "closing plugin connection");
+        self.host.release(&self.idx, &self.base);
+        self.link.close().await;
+        self.close_notify.notify_waiters();
+    }
+
+    /// Asks the plugin to shut down (best effort, bounded by `wait`), closes
+    /// the connection and kills a launched process.
+    pub async fn shutdown(&self, wait: Duration) {
+        if !self.is_closed() {
+            self.link.shutdown(wait).await;
+        }
+        self.close().await;
+        self.kill().await;
+    }
+
+    /// SIGKILLs a launched plugin's process group (the plugin and what it
+    /// started, which would otherwise be orphaned) and reaps the plugin.
+    pub async fn kill(&self) {
+        let mut guard = self.child.lock().await;
+        if let Some(child) = guard.as_mut() {
+            child.kill().await;
+        }
+        *guard = None;
+    }
+
+    /// Every request goes through here: refused once closed, failures
+    /// logged with the plugin and the request.
+    async fn request<T>(
+        &self,
+        what: &'static str,
+        fut: impl Future<Output = Result<T, PluginError>>,
+    ) -> Result<T, PluginError> {
+        if self.is_closed() {
+            return Err(PluginError::Closed);
+        }
+        let r = fut.await;
+        if let Err(e) = &r {
+            tracing::debug!(plugin = %self.name(), request = what, error = %e, "plugin request failed");
+        }
+        r
+    }
+
+    /// Synchronize with the runtime's pods and containers; the updates the
+    /// plugin asks for. One request timeout covers the whole sync (split
+    /// into several messages when it exceeds the ttrpc limit).
+    pub async fn synchronize(
+        &self,
+        pods: &[api::PodSandbox],
+        containers: &[api::Container],
+    ) -> Result<Vec<api::ContainerUpdate>, PluginError> {
+        self.request("Synchronize", self.link.synchronize(pods, containers))
+            .await
+    }
+
+    /// Relays one of the nine notification events (no reply content).
+    pub async fn notify(
+        &self,
+        event: Event,
+        pod: &api::PodSandbox,
+        container: Option<&api::Container>,
+    ) -> Result<(), PluginError> {
+        if !NOTIFICATIONS.is_set(event) {
+            return Err(PluginError::Protocol(format!("{event:?} is not a notification event")));
+        }
+        let what = nri_proto::events::event_name(event);
+        self.request(what, self.link.notify(event, pod, container)).await
+    }
+
+    pub async fn update_pod_sandbox(&self, req: &api::UpdatePodSandboxRequest) -> Result<(), PluginError> {
+        self.request("UpdatePodSandbox", self.link.update_pod_sandbox(req))
+            .await
+    }
+
+    pub async fn create_container(
+        &self,
+        req: &api::CreateContainerRequest,
+    ) -> Result<api::CreateContainerResponse, PluginError> {
+        self.request("CreateContainer", self.link.create_container(req)).await
+    }
+
+    pub async fn update_container(
+        &self,
+        req: &api::UpdateContainerRequest,
+    ) -> Result<api::UpdateContainerResponse, PluginError> {
+        self.request("UpdateContainer", self.link.update_container(req)).await
+    }
+
+    pub async fn stop_container(
+        &self,
+        req: &api::StopContainerRequest,
+    ) -> Result<api::StopContainerResponse, PluginError> {
+        self.request("StopContainer", self.link.stop_container(req)).await
+    }
+
+    pub async fn validate(
+        &self,
+        req: &api::ValidateContainerAdjustmentRequest,
+    ) -> Result<api::ValidateContainerAdjustmentResponse, PluginError> {
+        self.request("ValidateContainerAdjustment", self.link.validate(req))
+            .await
+    }
+}
