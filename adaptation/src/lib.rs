@@ -24,21 +24,31 @@
 #![warn(missing_docs)]
 
 mod adaptation;
+mod builder;
+mod callbacks;
 pub mod config;
 pub mod convert;
+mod dispatch;
 pub mod error;
 pub mod launch;
 pub mod owners;
 mod plugin;
+mod registry;
 pub mod resources;
 pub mod result;
+mod socket;
 pub mod spec;
+mod sync;
 pub mod validate;
 
-pub use adaptation::{Adaptation, AdaptationBuilder, CreateReport, PluginResponse, PluginSyncBlock, RuntimeState};
+pub use adaptation::Adaptation;
+pub use builder::AdaptationBuilder;
+pub use callbacks::RuntimeState;
 pub use config::{FailurePolicy, Options};
+pub use dispatch::{CreateReport, PluginResponse};
 pub use error::{BoxError, Error, PluginError};
 pub use nri_proto::{self, api, events::EventMask};
 pub use plugin::{HandshakeError, PluginOrigin};
 pub use spec::{AdjustError, Adjuster, adjust, update};
+pub use sync::PluginSyncBlock;
 pub use validate::{DefaultValidator, DefaultValidatorConfig};

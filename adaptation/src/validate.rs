@@ -1,9 +1,14 @@
-//! Validation of merged adjustments, and the built-in default validator
-//! (NRI `plugins/default-validator`, containerd's `[nri.default_validator]`).
+//! Validation of merged adjustments: which plugins count as present, the
+//! validators' run after the CreateContainer merge, and the built-in
+//! default validator (NRI `plugins/default-validator`, containerd's
+//! `[nri.default_validator]`).
 
-use nri_proto::api::{self, Field, security_profile::ProfileType};
+use std::sync::Arc;
 
-use crate::owners::Owners;
+use futures::future::join_all;
+use nri_proto::api::{self, Event, Field, security_profile::ProfileType};
+
+use crate::{error::Error, owners::Owners, plugin::Plugin, registry::Registry, result::PendingOwners};
 
 /// Name of the built-in validator's plugin record (`IDX-NAME`).
 pub const DEFAULT_VALIDATOR_NAME: &str = "00-default-validator";
@@ -217,6 +222,131 @@ impl DefaultValidator {
                 "validation error: required plugins {:?} not present",
                 missing.join(",")
             )),
+        }
+    }
+}
+
+/// The validation of one CreateContainer: set up before the plugins are
+/// called (the merge keeps the pristine container only when someone will
+/// validate), told which plugins are present, run after the merge.
+pub(crate) struct Validation<'a> {
+    /// The default validator's settings, when it is enabled.
+    default: Option<&'a DefaultValidatorConfig>,
+    /// The request's plugin snapshot, in invocation order.
+    plugins: &'a [Arc<Plugin>],
+    /// Plugins present for validation; `None` without validators, so no
+    /// list is built that nobody reads.
+    present: Option<Vec<api::PluginInstance>>,
+}
+
+fn instance(idx: &str, base: &str) -> api::PluginInstance {
+    api::PluginInstance {
+        name: base.to_string(),
+        index: idx.to_string(),
+        ..Default::default()
+    }
+}
+
+impl<'a> Validation<'a> {
+    /// Validation with the default validator `cfg` (when enabled) and the
+    /// plugins of `plugins` that subscribe to ValidateContainerAdjustment.
+    pub fn new(cfg: &'a DefaultValidatorConfig, plugins: &'a [Arc<Plugin>]) -> Self {
+        let default = cfg.enable.then_some(cfg);
+        let active = default.is_some()
+            || plugins
+                .iter()
+                .any(|p| p.subscribed(Event::VALIDATE_CONTAINER_ADJUSTMENT));
+        let present = active.then(|| match default {
+            Some(_) => vec![instance("00", "default-validator")],
+            None => Vec::new(),
+        });
+        Validation {
+            default,
+            plugins,
+            present,
+        }
+    }
+
+    /// Whether any validator will run.
+    pub fn is_active(&self) -> bool {
+        self.present.is_some()
+    }
+
+    /// Counts `p` as present: a plugin that does not handle CreateContainer
+    /// (if still connected), or one that answered it. A plugin that failed
+    /// or timed out does not count (fix of NRI #316, case R5).
+    pub fn present(&mut self, p: &Plugin) {
+        if let Some(list) = &mut self.present {
+            list.push(instance(&p.idx, &p.base));
+        }
+    }
+
+    /// Runs every validator concurrently; the first rejection or failure in
+    /// plugin order (the built-in validator first) fails the create. A
+    /// validator whose connection failed is removed from `registry`.
+    pub async fn run(
+        self,
+        registry: &Registry,
+        pod: api::PodSandbox,
+        pristine: api::Container,
+        rsp: &api::CreateContainerResponse,
+        owners: PendingOwners,
+    ) -> Result<(), Error> {
+        let Some(present) = self.present else {
+            return Ok(());
+        };
+        let validators: Vec<&Arc<Plugin>> = self
+            .plugins
+            .iter()
+            .filter(|p| p.subscribed(Event::VALIDATE_CONTAINER_ADJUSTMENT))
+            .collect();
+        if validators.is_empty() && self.default.is_none() {
+            return Ok(());
+        }
+        let req = api::ValidateContainerAdjustmentRequest {
+            pod: protobuf::MessageField::some(pod),
+            container: protobuf::MessageField::some(pristine),
+            adjust: rsp.adjust.clone(),
+            update: rsp.update.clone(),
+            owners: protobuf::MessageField::some(owners.into_owners().into_proto()),
+            plugins: present,
+            ..Default::default()
+        };
+        if let Some(cfg) = self.default
+            && let Err(reason) = DefaultValidator::new(cfg.clone()).validate(&req)
+        {
+            return Err(Error::Validation(format!(
+                "validator {DEFAULT_VALIDATOR_NAME:?} rejected container adjustment, reason: {reason}"
+            )));
+        }
+        let results = join_all(validators.iter().map(|p| p.validate(&req))).await;
+        let mut first = None;
+        for (p, r) in validators.iter().zip(results) {
+            let err = match r {
+                Ok(v) if !v.reject => continue,
+                Ok(v) => {
+                    let reason = if v.reason.is_empty() {
+                        "unknown rejection reason".to_string()
+                    } else {
+                        v.reason
+                    };
+                    format!(
+                        "validator {:?} rejected container adjustment, reason: {reason}",
+                        p.name()
+                    )
+                }
+                Err(e) => {
+                    if e.is_fatal() {
+                        registry.remove(p).await;
+                    }
+                    format!("validator plugin {} failed: {e}", p.name())
+                }
+            };
+            first.get_or_insert(err);
+        }
+        match first {
+            Some(e) => Err(Error::Validation(e)),
+            None => Ok(()),
         }
     }
 }

@@ -1,0 +1,197 @@
+//! Calling plugins for one runtime request: every subscribed plugin of the
+//! registry's snapshot in invocation order, each bounded by the request
+//! timeout (in the plugin's link), a failure judged by the plugin's
+//! failure policy, and the answers merged.
+
+use std::sync::Arc;
+
+use nri_proto::{
+    api::{self, Event},
+    events::event_name,
+};
+
+use crate::{
+    callbacks::Callbacks,
+    config::{FailurePolicy, Options},
+    error::{Error, PluginError},
+    plugin::Plugin,
+    registry::Registry,
+    result::{CreateResult, UpdateResult},
+    validate::Validation,
+};
+
+/// What one plugin answered to CreateContainer.
+#[derive(Debug, Clone)]
+pub struct PluginResponse {
+    /// `IDX-NAME`.
+    pub plugin: String,
+    /// Its response, if it answered.
+    pub response: Option<api::CreateContainerResponse>,
+    /// Why it did not, if it failed.
+    pub error: Option<String>,
+}
+
+/// The plugins' part in one CreateContainer.
+#[derive(Debug, Clone, Default)]
+pub struct CreateReport {
+    /// Each called plugin's answer, in call order.
+    pub plugins: Vec<PluginResponse>,
+    /// Field owners after the last merged response.
+    pub owners: Option<api::OwningPlugins>,
+}
+
+/// What dispatching one request needs of the adaptation. The caller holds
+/// the request lock.
+pub(crate) struct Dispatch<'a> {
+    pub registry: &'a Arc<Registry>,
+    pub callbacks: &'a Callbacks,
+    pub opts: &'a Options,
+}
+
+impl Dispatch<'_> {
+    /// Decides what a plugin failure means for the request in flight: a
+    /// plugin's own error fails it; a timeout or broken connection drops
+    /// the plugin and continues (`ignore`) or fails it (`fail`, keeping a
+    /// plugin that only timed out).
+    async fn failed(&self, p: &Arc<Plugin>, event: Event, e: PluginError) -> Result<(), Error> {
+        let err = |source| Error::Plugin {
+            plugin: p.name().to_string(),
+            event: event_name(event),
+            source,
+        };
+        if !e.is_fatal() {
+            return Err(err(e));
+        }
+        match (p.policy, &e) {
+            (FailurePolicy::Fail, PluginError::Timeout(_)) => {
+                tracing::error!(plugin = %p.name(), event = event_name(event), error = %e, "NRI plugin timed out; failing the request (failure policy: fail)");
+                Err(err(e))
+            }
+            (policy, _) => {
+                tracing::error!(plugin = %p.name(), event = event_name(event), error = %e, "NRI plugin failed, removing it");
+                self.registry.remove(p).await;
+                match policy {
+                    FailurePolicy::Fail => Err(err(e)),
+                    FailurePolicy::Ignore => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// The subscribers of `event`, in invocation order.
+    fn subscribers(&self, event: Event) -> impl Iterator<Item = Arc<Plugin>> {
+        self.registry
+            .snapshot()
+            .into_iter()
+            .filter(move |p| p.subscribed(event))
+    }
+
+    /// One of the notification events.
+    pub async fn notify(
+        &self,
+        event: Event,
+        pod: &api::PodSandbox,
+        container: Option<&api::Container>,
+    ) -> Result<(), Error> {
+        for p in self.subscribers(event) {
+            if let Err(e) = p.notify(event, pod, container).await {
+                self.failed(&p, event, e).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// UpdatePodSandbox.
+    pub async fn update_pod_sandbox(&self, req: &api::UpdatePodSandboxRequest) -> Result<(), Error> {
+        for p in self.subscribers(Event::UPDATE_POD_SANDBOX) {
+            if let Err(e) = p.update_pod_sandbox(req).await {
+                self.failed(&p, Event::UPDATE_POD_SANDBOX, e).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// CreateContainer: each subscriber's adjustment merged in order, then
+    /// the merged result validated. `report` records each answer and the
+    /// field owners.
+    pub async fn create_container(
+        &self,
+        req: api::CreateContainerRequest,
+        mut report: Option<&mut CreateReport>,
+    ) -> Result<api::CreateContainerResponse, Error> {
+        let plugins = self.registry.snapshot();
+        let mut validation = Validation::new(&self.opts.default_validator, &plugins);
+        let mut result = CreateResult::with_pristine(req, validation.is_active());
+        for p in &plugins {
+            if !p.subscribed(Event::CREATE_CONTAINER) {
+                if !p.is_closed() {
+                    validation.present(p);
+                }
+                continue;
+            }
+            match p.create_container(result.request()).await {
+                Ok(rsp) => {
+                    validation.present(p);
+                    if let Some(r) = report.as_deref_mut() {
+                        r.plugins.push(PluginResponse {
+                            plugin: p.name().to_string(),
+                            response: Some(rsp.clone()),
+                            error: None,
+                        });
+                    }
+                    let applied = result.apply(p.name(), rsp);
+                    if let Some(r) = report.as_deref_mut() {
+                        r.owners = Some(result.owners().into_proto());
+                    }
+                    applied?;
+                }
+                Err(e) => {
+                    if let Some(r) = report.as_deref_mut() {
+                        r.plugins.push(PluginResponse {
+                            plugin: p.name().to_string(),
+                            response: None,
+                            error: Some(e.to_string()),
+                        });
+                    }
+                    self.failed(p, Event::CREATE_CONTAINER, e).await?
+                }
+            }
+        }
+        let done = result.finish();
+        if let Some(r) = report {
+            r.owners = Some(done.owners.to_owners().into_proto());
+        }
+        validation
+            .run(self.registry, done.pod, done.pristine, &done.response, done.owners)
+            .await?;
+        Ok(done.response)
+    }
+
+    /// UpdateContainer: the subscribers' evictions passed on, their updates
+    /// merged.
+    pub async fn update_container(&self, req: api::UpdateContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
+        let mut result = UpdateResult::for_update(req);
+        for p in self.subscribers(Event::UPDATE_CONTAINER) {
+            match p.update_container(result.update_request()).await {
+                Ok(rsp) => {
+                    self.callbacks.evict(p.name(), rsp.evict).await;
+                    result.apply(p.name(), rsp.update)?;
+                }
+                Err(e) => self.failed(&p, Event::UPDATE_CONTAINER, e).await?,
+            }
+        }
+        Ok(result.into_updates())
+    }
+
+    /// StopContainer: the subscribers' updates of other containers merged.
+    pub async fn stop_container(&self, req: &api::StopContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
+        let mut result = UpdateResult::for_stop();
+        for p in self.subscribers(Event::STOP_CONTAINER) {
+            match p.stop_container(req).await {
+                Ok(rsp) => result.apply(p.name(), rsp.update)?,
+                Err(e) => self.failed(&p, Event::STOP_CONTAINER, e).await?,
+            }
+        }
+        Ok(result.into_updates())
+    }
+}

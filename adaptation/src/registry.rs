@@ -1,0 +1,93 @@
+//! The plugin table: active plugins in invocation order (index, then
+//! name), the `IDX-NAME`s taken by registered or registering plugins, and
+//! removal of a plugin whose connection went away.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex, RwLock},
+};
+
+use crate::plugin::{Plugin, PluginOrigin};
+
+/// Active plugins and reserved names.
+#[derive(Default)]
+pub(crate) struct Registry {
+    /// Sorted by (index, name).
+    plugins: RwLock<Vec<Arc<Plugin>>>,
+    /// `IDX-NAME` of every registered (or registering) plugin.
+    reserved: Mutex<HashSet<String>>,
+}
+
+impl Registry {
+    /// The active plugins in invocation order. A request works on this
+    /// copy, so plugins joining or leaving meanwhile do not disturb it.
+    pub fn snapshot(&self) -> Vec<Arc<Plugin>> {
+        self.plugins.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `IDX-NAME` of the active plugins, in invocation order.
+    pub fn names(&self) -> Vec<String> {
+        self.snapshot().iter().map(|p| p.name().to_string()).collect()
+    }
+
+    /// Whether a plugin that dialled the socket is active.
+    pub fn has_external(&self) -> bool {
+        self.snapshot()
+            .iter()
+            .any(|p| matches!(p.origin, PluginOrigin::External { .. }))
+    }
+
+    /// Takes `IDX-NAME` for a registering plugin; false if a live or
+    /// registering plugin already holds it (upstream lets a second one in).
+    pub fn reserve(&self, idx: &str, base: &str) -> bool {
+        self.reserved().insert(format!("{idx}-{base}"))
+    }
+
+    /// Frees a name taken by [`Registry::reserve`].
+    pub fn release(&self, idx: &str, base: &str) {
+        self.reserved().remove(&format!("{idx}-{base}"));
+    }
+
+    fn reserved(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.reserved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Activates a synchronized plugin, and removes it again as soon as
+    /// its connection goes away.
+    pub fn add(self: &Arc<Self>, p: Arc<Plugin>) {
+        {
+            let mut list = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+            list.push(p.clone());
+            // Stable order: index, then name (upstream leaves ties unordered).
+            list.sort_by(|a, b| (a.idx.as_str(), a.base.as_str()).cmp(&(b.idx.as_str(), b.base.as_str())));
+        }
+        tracing::info!(plugin = %p.name(), origin = ?p.origin, "NRI plugin active");
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            p.closed().await;
+            if let Some(registry) = weak.upgrade() {
+                registry.remove(&p).await;
+            }
+        });
+    }
+
+    /// Deactivates `p`, closes it and kills its process (if launched).
+    pub async fn remove(&self, p: &Arc<Plugin>) {
+        let removed = {
+            let mut list = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+            let before = list.len();
+            list.retain(|q| !Arc::ptr_eq(q, p));
+            before != list.len()
+        };
+        if removed {
+            tracing::info!(plugin = %p.name(), "NRI plugin removed");
+        }
+        p.close().await;
+        p.kill().await;
+    }
+
+    /// Empties the table (at stop); the caller shuts the plugins down.
+    pub fn take_all(&self) -> Vec<Arc<Plugin>> {
+        std::mem::take(&mut *self.plugins.write().unwrap_or_else(|p| p.into_inner()))
+    }
+}

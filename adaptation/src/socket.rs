@@ -1,0 +1,128 @@
+//! The socket external plugins dial: binding it (taking over only a stale
+//! socket), accepting connections, and removing it at stop if it is still
+//! ours.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use tokio::{
+    net::{UnixListener, UnixStream},
+    task::JoinHandle,
+};
+
+use crate::error::Error;
+
+/// How long a live socket at the configured path may take to go away (a
+/// predecessor handing over) before the path counts as in use.
+const SOCKET_HANDOVER: Duration = Duration::from_secs(2);
+
+/// A bound socket and the task accepting on it.
+pub(crate) struct Listener {
+    task: JoinHandle<()>,
+    path: PathBuf,
+    /// The bound socket's (device, inode): the file is removed at close
+    /// only if it is still ours, not a successor's that took the path over.
+    inode: (u64, u64),
+}
+
+impl Listener {
+    /// Binds `path` (see [`bind`]) and hands every accepted connection to
+    /// `on_accept` until it returns false.
+    pub async fn open<F>(path: &Path, on_accept: F) -> Result<Listener, Error>
+    where
+        F: Fn(UnixStream) -> bool + Send + 'static,
+    {
+        let (listener, inode) = bind(path).await?;
+        let task = tokio::spawn(accept_loop(listener, on_accept));
+        Ok(Listener {
+            task,
+            path: path.to_path_buf(),
+            inode,
+        })
+    }
+
+    /// Stops accepting and removes the socket file if it is still ours.
+    pub async fn close(self) {
+        self.task.abort();
+        let _ = self.task.await;
+        if inode(&self.path) == Some(self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn inode(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Creates the parent directory (0700) and listens on `path`. A stale
+/// socket is replaced (NRI); unlike upstream, a socket somebody still
+/// listens on, or a path that is not a socket, is an error rather than
+/// silently unlinked.
+async fn bind(path: &Path) -> Result<(UnixListener, (u64, u64)), Error> {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+    let err = |what, source| Error::Socket {
+        path: path.to_path_buf(),
+        what,
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| err("cannot create parent directory", e))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(err(
+                "the path exists and is not a socket",
+                std::io::ErrorKind::AlreadyExists.into(),
+            ));
+        }
+        Ok(_) => {
+            let deadline = tokio::time::Instant::now() + SOCKET_HANDOVER;
+            while std::os::unix::net::UnixStream::connect(path).is_ok() {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(err(
+                        "another process listens on it (another runtime? set a different socket path or disable external connections)",
+                        std::io::ErrorKind::AddrInUse.into(),
+                    ));
+                }
+                // Each probe is a connection the other side logs as a
+                // failed plugin: few of them.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            match std::fs::remove_file(path) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed stale NRI socket"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(err("cannot remove stale socket", e)),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("cannot inspect the path", e)),
+    }
+    let listener = UnixListener::bind(path).map_err(|e| err("cannot listen", e))?;
+    let inode =
+        inode(path).ok_or_else(|| err("cannot inspect the bound socket", std::io::ErrorKind::NotFound.into()))?;
+    Ok((listener, inode))
+}
+
+async fn accept_loop(listener: UnixListener, on_accept: impl Fn(UnixStream) -> bool) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "failed to accept NRI plugin connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if !on_accept(stream) {
+            return;
+        }
+    }
+}

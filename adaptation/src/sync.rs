@@ -1,0 +1,232 @@
+//! How plugins join: builtin and pre-installed plugins at start, external
+//! ones as they connect. Each is registered and configured (see
+//! [`crate::plugin`]), synchronized with the runtime's pods and containers,
+//! and only then added to the registry, so it sees the current state
+//! before any event. The sync of an external plugin does not interleave
+//! with runtime operations holding a [`PluginSyncBlock`].
+
+use std::{
+    sync::{Arc, Weak},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use nri_proto::api;
+
+use crate::{
+    adaptation::Inner,
+    error::{BoxError, Error},
+    launch,
+    plugin::{HandshakeParams, Host, LaunchedIdentity, Plugin},
+};
+
+/// Held by a runtime around an operation that must not interleave with the
+/// synchronization of a newly connected plugin (NRI `BlockPluginSync`).
+pub struct PluginSyncBlock {
+    pub(crate) _guard: tokio::sync::OwnedRwLockReadGuard<()>,
+}
+
+/// What a plugin connection may ask of the adaptation. Weak, so a plugin
+/// does not keep a dropped adaptation alive.
+struct HostRef(Weak<Inner>);
+
+#[async_trait]
+impl Host for HostRef {
+    fn reserve(&self, idx: &str, base: &str) -> bool {
+        self.0.upgrade().is_some_and(|i| i.registry.reserve(idx, base))
+    }
+
+    fn release(&self, idx: &str, base: &str) {
+        if let Some(i) = self.0.upgrade() {
+            i.registry.release(idx, base);
+        }
+    }
+
+    async fn update_containers(
+        &self,
+        plugin: &str,
+        update: Vec<api::ContainerUpdate>,
+        evict: Vec<api::ContainerEviction>,
+    ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
+        let inner = self.0.upgrade().ok_or("NRI adaptation is gone")?;
+        // No adaptation lock here: a plugin may call this from inside an
+        // event handler while the runtime waits for that event (NRI #301).
+        inner.callbacks.update_containers(plugin, update, evict).await
+    }
+}
+
+fn host(inner: &Arc<Inner>) -> Arc<dyn Host> {
+    Arc::new(HostRef(Arc::downgrade(inner)))
+}
+
+fn params(inner: &Inner) -> HandshakeParams {
+    HandshakeParams {
+        runtime_name: inner.name.clone(),
+        runtime_version: inner.version.clone(),
+        registration_timeout: inner.opts.registration_timeout,
+        request_timeout: inner.opts.request_timeout,
+    }
+}
+
+/// Starts the builtin plugins, launches the pre-installed ones, syncs them
+/// all with one call of the sync callback and adds those that synced.
+///
+/// A builtin that fails to configure or sync fails the start (as
+/// upstream); a pre-installed plugin that fails is logged and left out. On
+/// error no plugin is left running.
+pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
+    let mut builtins = Vec::new();
+    for b in &inner.builtins {
+        let policy = inner.opts.failure_policy(&b.idx, &b.base);
+        let started = Plugin::builtin(
+            b.idx.clone(),
+            b.base.clone(),
+            b.events,
+            b.plugin.clone(),
+            &params(inner),
+            host(inner),
+            policy,
+        )
+        .await;
+        match started {
+            Ok(p) => builtins.push(p),
+            Err(e) => {
+                for p in &builtins {
+                    p.close().await;
+                }
+                return Err(Error::Builtin {
+                    plugin: format!("{}-{}", b.idx, b.base),
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    let n_builtins = builtins.len();
+    let mut launched = builtins;
+    launched.extend(launch_plugins(inner).await?);
+    if launched.is_empty() {
+        return Ok(());
+    }
+    let state = match inner.callbacks.state().await {
+        Ok(s) => s,
+        Err(e) => {
+            for p in &launched {
+                p.shutdown(Duration::ZERO).await;
+            }
+            return Err(Error::SyncCallback(e));
+        }
+    };
+    let mut ready = Vec::new();
+    let mut updates = Vec::new();
+    for (i, p) in launched.into_iter().enumerate() {
+        match p.synchronize(&state.pods, &state.containers).await {
+            Ok(u) => {
+                updates.extend(u);
+                ready.push(p);
+            }
+            Err(e) if i < n_builtins => {
+                for p in &ready {
+                    p.shutdown(Duration::ZERO).await;
+                }
+                p.close().await;
+                return Err(Error::Builtin {
+                    plugin: p.name().to_string(),
+                    reason: format!("synchronize failed: {e}"),
+                });
+            }
+            Err(e) => {
+                tracing::error!(plugin = %p.name(), error = %e, "failed to synchronize pre-installed NRI plugin, dropping it");
+                p.close().await;
+                p.kill().await;
+            }
+        }
+    }
+    inner.callbacks.apply_updates(updates).await;
+    for p in ready {
+        inner.registry.add(p);
+    }
+    Ok(())
+}
+
+/// Launches every plugin of the plugin directory and runs its handshake,
+/// all at once; those that fail are logged and left out.
+async fn launch_plugins(inner: &Arc<Inner>) -> Result<Vec<Arc<Plugin>>, Error> {
+    let found = launch::discover(&inner.opts.plugin_path)?;
+    let params = params(inner);
+    let tasks = found.into_iter().map(|d| {
+        let params = params.clone();
+        let host = host(inner);
+        let inner = inner.clone();
+        async move {
+            let config = match launch::plugin_config(&inner.opts.plugin_config_path, &d.idx, &d.base) {
+                Ok(c) => c,
+                Err((file, e)) => {
+                    tracing::error!(plugin = %format!("{}-{}", d.idx, d.base), file = %file.display(), error = %e, "cannot read NRI plugin configuration, not starting the plugin");
+                    return None;
+                }
+            };
+            let (stream, child) = match launch::spawn(&d) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(path = %d.path.display(), error = %e, "failed to launch NRI plugin");
+                    return None;
+                }
+            };
+            let identity = LaunchedIdentity {
+                idx: d.idx.clone(),
+                base: d.base.clone(),
+                config,
+                path: d.path.clone(),
+                child,
+            };
+            match Plugin::handshake(stream, Some(identity), &params, host, |i, b| inner.opts.failure_policy(i, b)).await {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(path = %d.path.display(), error = %e, "NRI plugin failed to start");
+                    None
+                }
+            }
+        }
+    });
+    Ok(join_all(tasks).await.into_iter().flatten().collect())
+}
+
+/// Registers, configures and synchronizes a plugin that dialled the socket.
+pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::UnixStream) {
+    let params = params(&inner);
+    let plugin = match Plugin::handshake(stream, None, &params, host(&inner), |i, b| {
+        inner.opts.failure_policy(i, b)
+    })
+    .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "external NRI plugin failed to connect");
+            return;
+        }
+    };
+    let _sync = inner.sync_lock.write().await;
+    let state = match inner.callbacks.state().await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(plugin = %plugin.name(), error = %e, "runtime failed to list pods and containers, closing NRI plugin");
+            plugin.close().await;
+            return;
+        }
+    };
+    match plugin.synchronize(&state.pods, &state.containers).await {
+        Ok(updates) => {
+            inner.callbacks.apply_updates(updates).await;
+            if inner.is_running() && !plugin.is_closed() {
+                inner.registry.add(plugin);
+            } else {
+                plugin.close().await;
+            }
+        }
+        Err(e) => {
+            tracing::error!(plugin = %plugin.name(), error = %e, "failed to synchronize NRI plugin, closing it");
+            plugin.close().await;
+        }
+    }
+}
