@@ -75,6 +75,42 @@ impl PluginError {
     }
 }
 
+/// Why the validation of a merged adjustment failed the create: the
+/// first verdict in plugin order (the built-in validator first).
+///
+/// A runtime branches on the kind: a rejection is a policy decision about
+/// this container (do not retry it unchanged), a failure says nothing
+/// about the container (the validator timed out or its connection broke;
+/// with `ignore` it is dropped, so a retry may pass).
+#[derive(Debug, thiserror::Error)]
+pub enum ValidationError {
+    /// The validator looked at the adjustment and refused it.
+    #[error("validator {validator:?} rejected container adjustment, reason: {reason}")]
+    Rejected {
+        /// `IDX-NAME` of the validator (`00-default-validator` for the built-in one).
+        validator: String,
+        /// The validator's reason (`unknown rejection reason` when it gave none).
+        reason: String,
+    },
+    /// The validator plugin gave no verdict.
+    #[error("validator plugin {validator} failed: {source}")]
+    Failed {
+        /// `IDX-NAME` of the validator plugin.
+        validator: String,
+        /// What happened (a timeout, a closed connection, ...).
+        source: PluginError,
+    },
+}
+
+impl ValidationError {
+    /// `IDX-NAME` of the validator that failed the create.
+    pub fn validator(&self) -> &str {
+        match self {
+            ValidationError::Rejected { validator, .. } | ValidationError::Failed { validator, .. } => validator,
+        }
+    }
+}
+
 /// Errors of [`Adaptation`](crate::Adaptation).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -124,8 +160,8 @@ pub enum Error {
     #[error(transparent)]
     Merge(#[from] crate::result::MergeError),
     /// A validator rejected or failed the merged adjustment.
-    #[error("{0}")]
-    Validation(String),
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
     /// The adaptation was stopped (or never started).
     #[error("NRI adaptation is not running")]
     NotRunning,
@@ -134,6 +170,33 @@ pub enum Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The typed validation errors print what the runtime's users saw
+    /// when they were text, and keep the plugin error as the source.
+    #[test]
+    fn validation_errors_keep_their_text_and_source() {
+        let rejected = Error::from(ValidationError::Rejected {
+            validator: "90-reject".into(),
+            reason: "no".into(),
+        });
+        assert_eq!(
+            rejected.to_string(),
+            r#"validator "90-reject" rejected container adjustment, reason: no"#
+        );
+        let failed = Error::from(ValidationError::Failed {
+            validator: "90-slow".into(),
+            source: PluginError::Timeout(Duration::from_secs(2)),
+        });
+        assert_eq!(
+            failed.to_string(),
+            "validator plugin 90-slow failed: no answer within 2s"
+        );
+        let source = std::error::Error::source(&failed).expect("the plugin error");
+        assert_eq!(source.to_string(), "no answer within 2s");
+        assert_eq!(nri_proto::error_chain(&failed), failed.to_string());
+        let Error::Validation(v) = failed else { unreachable!() };
+        assert_eq!(v.validator(), "90-slow");
+    }
 
     fn status(code: ttrpc::Code, msg: &str) -> ttrpc::Error {
         ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg))

@@ -46,7 +46,7 @@ pub use builder::AdaptationBuilder;
 pub use callbacks::RuntimeState;
 pub use config::{FailurePolicy, Options};
 pub use dispatch::{CreateReport, PluginResponse};
-pub use error::{BoxError, Error, PluginError};
+pub use error::{BoxError, Error, PluginError, ValidationError};
 pub use nri_proto::{self, api, events::EventMask};
 pub use plugin::{HandshakeError, PluginOrigin};
 pub use spec::{AdjustError, Adjuster, adjust, update};

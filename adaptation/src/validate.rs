@@ -8,7 +8,13 @@ use std::sync::Arc;
 use futures::future::join_all;
 use nri_proto::api::{self, Event, Field, security_profile::ProfileType};
 
-use crate::{error::Error, owners::Owners, plugin::Plugin, registry::Registry, result::PendingOwners};
+use crate::{
+    error::{Error, ValidationError},
+    owners::Owners,
+    plugin::Plugin,
+    registry::Registry,
+    result::PendingOwners,
+};
 
 /// Name of the built-in validator's plugin record (`IDX-NAME`).
 pub const DEFAULT_VALIDATOR_NAME: &str = "00-default-validator";
@@ -315,37 +321,39 @@ impl<'a> Validation<'a> {
         if let Some(cfg) = self.default
             && let Err(reason) = DefaultValidator::new(cfg.clone()).validate(&req)
         {
-            return Err(Error::Validation(format!(
-                "validator {DEFAULT_VALIDATOR_NAME:?} rejected container adjustment, reason: {reason}"
-            )));
+            return Err(ValidationError::Rejected {
+                validator: DEFAULT_VALIDATOR_NAME.to_string(),
+                reason,
+            }
+            .into());
         }
         let results = join_all(validators.iter().map(|p| p.validate(&req))).await;
         let mut first = None;
         for (p, r) in validators.iter().zip(results) {
             let err = match r {
                 Ok(v) if !v.reject => continue,
-                Ok(v) => {
-                    let reason = if v.reason.is_empty() {
+                Ok(v) => ValidationError::Rejected {
+                    validator: p.name().to_string(),
+                    reason: if v.reason.is_empty() {
                         "unknown rejection reason".to_string()
                     } else {
                         v.reason
-                    };
-                    format!(
-                        "validator {:?} rejected container adjustment, reason: {reason}",
-                        p.name()
-                    )
-                }
+                    },
+                },
                 Err(e) => {
                     if e.is_fatal() {
                         registry.remove(p).await;
                     }
-                    format!("validator plugin {} failed: {e}", p.name())
+                    ValidationError::Failed {
+                        validator: p.name().to_string(),
+                        source: e,
+                    }
                 }
             };
             first.get_or_insert(err);
         }
         match first {
-            Some(e) => Err(Error::Validation(e)),
+            Some(e) => Err(e.into()),
             None => Ok(()),
         }
     }

@@ -127,3 +127,70 @@ async fn builtin_plugins_adjust_and_validate_in_process() {
     );
     nri.stop().await;
 }
+
+struct SlowValidator;
+
+#[nri_stub::async_trait]
+impl Plugin for SlowValidator {
+    async fn validate_container_adjustment(
+        &self,
+        _req: &api::ValidateContainerAdjustmentRequest,
+    ) -> Result<(), BoxError> {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Ok(())
+    }
+}
+
+/// A runtime can tell a rejection (about this container) from a validator
+/// that gave no verdict (about the validator), and which validator it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_errors_say_which_validator_and_whether_it_rejected_or_failed() {
+    use std::sync::Arc;
+
+    use nri_adaptation::{DefaultValidatorConfig, Error, PluginError, ValidationError};
+    let dir = tempfile::tempdir().unwrap();
+    let build = |b: nri_adaptation::AdaptationBuilder| {
+        b.with_sync_fn(|| async { Ok(RuntimeState::default()) })
+            .with_update_fn(|_| async { Ok(Vec::new()) })
+            .with_disabled_connections()
+            .with_plugin_path(dir.path().join("none"))
+            .with_request_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    let mut req = api::CreateContainerRequest::new();
+    req.container.mut_or_insert_default().id = "c1".into();
+
+    let nri = build(Adaptation::builder("test-runtime", "0.1").with_builtin_plugin(
+        "90",
+        "slow",
+        EventMask::parse("validate").unwrap(),
+        Arc::new(SlowValidator),
+    ));
+    nri.start().await.unwrap();
+    match nri.create_container(req.clone()).await {
+        Err(Error::Validation(ValidationError::Failed {
+            validator,
+            source: PluginError::Timeout(_),
+        })) => assert_eq!(validator, "90-slow"),
+        other => panic!("expected a validator timeout, got {other:?}"),
+    }
+    // A validator without a verdict is dropped (failure policy ignore).
+    assert!(nri.plugin_names().is_empty());
+    nri.stop().await;
+
+    let nri = build(
+        Adaptation::builder("test-runtime", "0.1").with_default_validator(DefaultValidatorConfig {
+            required_plugins: vec!["needed".into()],
+            ..Default::default()
+        }),
+    );
+    nri.start().await.unwrap();
+    match nri.create_container(req).await {
+        Err(Error::Validation(e @ ValidationError::Rejected { .. })) => {
+            assert_eq!(e.validator(), "00-default-validator");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    nri.stop().await;
+}
