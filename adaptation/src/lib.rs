@@ -20,6 +20,98 @@
 //! `pkg/stub`, or a Rust plugin built with `nri-stub`, registers and works
 //! against it. Deviations from upstream NRI behaviour are listed on the
 //! items they concern (search the docs for "upstream").
+//!
+//! # Runtime contract
+//!
+//! What a runtime embedding an [`Adaptation`] must do for plugins to see a
+//! consistent world.
+//!
+//! **Creating a container.** Build the plugins' view of the container from
+//! the OCI spec the runtime is about to run
+//! ([`convert::container_from_spec`]), put it and its pod in a
+//! `CreateContainerRequest` and call [`Adaptation::create_container`]. On
+//! success apply `adjust` to the spec with [`adjust`] (all or nothing: on
+//! error the spec is untouched), run the container from the adjusted spec,
+//! and from then on describe the container to plugins as the adjusted spec
+//! says. `update` lists changes to *other* containers that plugins made
+//! room with: apply them like any resource update. On error, do not run the
+//! container: the error names the plugin, the conflicting field or the
+//! validator ([`Error::Validation`] tells a rejection from a validator
+//! that gave no verdict).
+//!
+//! ```
+//! use nri_adaptation::{Adaptation, RuntimeState, adjust, api, convert};
+//! use protobuf::MessageField;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let nri = Adaptation::builder("my-runtime", "1.0")
+//!     .with_sync_fn(|| async { Ok(RuntimeState::default()) })
+//!     .with_update_fn(|_updates| async { Ok(Vec::new()) })
+//!     .with_disabled_connections()
+//!     .with_plugin_path(dir.path().join("plugins"))
+//!     .build()?;
+//! nri.start().await?;
+//!
+//! let mut spec = oci_spec::runtime::Spec::default();
+//! let original = spec.clone();
+//! let pod = api::PodSandbox { id: "pod1".into(), name: "web".into(), ..Default::default() };
+//! let container = convert::container_from_spec("c1", &pod.id, "app", &spec);
+//! let rsp = nri
+//!     .create_container(api::CreateContainerRequest {
+//!         pod: MessageField::some(pod),
+//!         container: MessageField::some(container),
+//!         ..Default::default()
+//!     })
+//!     .await?;
+//! adjust(&mut spec, rsp.adjust.get_or_default())?;
+//! // No plugin, no change: the spec the runtime runs is the one it had.
+//! assert_eq!(spec, original);
+//! assert!(rsp.update.is_empty());
+//! nri.stop().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! **Updates and evictions.** [`Adaptation::update_container`] returns the
+//! updated container's complete new resources as the *last* element; the
+//! elements before it target other containers and are applied first.
+//! [`Adaptation::stop_container`] returns updates of other containers (a
+//! stopped container's CPUs given to the rest). Updates plugins send on
+//! their own, and those in their Synchronize replies, reach the runtime
+//! through the update callback, which returns the ones it could not apply
+//! (leaving out failed ones marked `ignore_failure`). Evictions reach the
+//! evict callback: stop the container as the runtime would any other, which
+//! sends StopContainer. Both callbacks run without any adaptation lock held,
+//! possibly while an event is in flight: the runtime serializes its own
+//! state.
+//!
+//! **Event order.** Per pod: RunPodSandbox before any of its containers'
+//! events; UpdatePodSandbox then PostUpdatePodSandbox; StopPodSandbox; and
+//! RemovePodSandbox after its containers were removed. Per container:
+//! CreateContainer → PostCreateContainer → StartContainer →
+//! PostStartContainer → (UpdateContainer → PostUpdateContainer)* →
+//! StopContainer → RemoveContainer. Each method relays its event to every
+//! subscribed plugin before it returns, one event at a time in the order
+//! the runtime calls them.
+//!
+//! **StopContainer exactly once** per container that got CreateContainer,
+//! whether the runtime stopped it, it was killed or evicted, or it exited
+//! on its own; also when the create failed after CreateContainer was sent
+//! (plugins answered before the failing one may hold resources for it),
+//! followed by RemoveContainer.
+//!
+//! **Post\* only after success.** PostCreateContainer, PostStartContainer,
+//! PostUpdateContainer and PostUpdatePodSandbox say the operation
+//! happened: send them only after it succeeded. Their errors cannot undo
+//! it; log them.
+//!
+//! **Creates against plugin sync.** A plugin that connects is synchronized
+//! with what the sync callback returns, then gets events. A container
+//! created while that happens could be in neither. Hold
+//! [`Adaptation::block_plugin_sync`] from before CreateContainer until the
+//! container is in the state the sync callback reports, taken before any
+//! runtime lock the sync callback also takes.
 
 #![warn(missing_docs)]
 
