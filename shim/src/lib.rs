@@ -16,6 +16,7 @@
 //! | [`nri`] | pods and containers from bundle annotations; the NRI seam |
 //! | [`io`] | stdio fifos, files and terminals |
 //! | [`cgroups`] | updates, stats, freeze, pids |
+//! | [`oom`] | OOM kills as they happen |
 //! | [`config`] | `/etc/nri-shim/config.toml` |
 //! | [`events`] | ordered publishing to containerd |
 
@@ -32,6 +33,7 @@ pub mod helper;
 pub mod io;
 pub mod monitor;
 pub mod nri;
+pub mod oom;
 pub mod runner;
 pub mod service;
 pub mod shimlog;

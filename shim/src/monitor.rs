@@ -159,10 +159,10 @@ impl PidFd {
     pub fn open(pid: i32) -> io::Result<PidFd> {
         let raw = Pid::from_raw(pid).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
         let owned = rustix::process::pidfd_open(raw, PidfdFlags::empty())?;
-        // SAFETY: the AsyncFd owns the pidfd; it is never closed elsewhere
-        // while registered.
-        let fd = unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE)? };
-        Ok(PidFd { fd, pid })
+        Ok(PidFd {
+            fd: async_readable(owned)?,
+            pid,
+        })
     }
 
     /// The process id.
@@ -217,6 +217,17 @@ impl PidFd {
             }
         }
     }
+}
+
+/// Registers an fd this process owns (a pidfd, an eventfd, an inotify
+/// instance) with the async runtime for readability.
+///
+/// # Errors
+/// The registration error.
+pub(crate) fn async_readable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd takes the fd by value and owns it; nothing else
+    // closes it while it is registered.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(io::Error::from)
 }
 
 /// A signal number as containerd sends it: a named signal or a real-time

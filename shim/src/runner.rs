@@ -55,6 +55,21 @@ pub trait Process: Send + Sync + 'static {
     async fn wait(&self) -> io::Result<ExitStatus>;
 }
 
+/// OOM events of one container's cgroup (see `oom`).
+#[async_trait]
+pub trait OomEvents: Send + 'static {
+    /// Waits for the next change of the cgroup's OOM state; `false` once
+    /// the watch has ended (the cgroup is gone).
+    async fn changed(&mut self) -> bool;
+}
+
+#[async_trait]
+impl OomEvents for crate::oom::OomWatch {
+    async fn changed(&mut self) -> bool {
+        crate::oom::OomWatch::changed(self).await
+    }
+}
+
 /// What the container needs from its creator besides the bundle.
 #[derive(Debug, Clone, Copy)]
 pub struct CreateRequest<'a> {
@@ -102,6 +117,9 @@ pub trait Runner: Send + Sync + 'static {
     async fn stats(&self, target: Target<'_>) -> Result<Metrics>;
     /// OOM kills recorded for the cgroup, when readable.
     async fn oom_kills(&self, target: Target<'_>) -> Option<u64>;
+    /// A watch of the cgroup's OOM events, when the memory controller
+    /// offers one.
+    fn watch_oom(&self, target: Target<'_>) -> Option<Box<dyn OomEvents>>;
 }
 
 /// The runner of the daemon: libcontainer in helper processes.
@@ -257,6 +275,17 @@ impl Runner for HelperRunner {
 
     async fn oom_kills(&self, target: Target<'_>) -> Option<u64> {
         Cgroup::off_runtime(target, |c| Ok(c.oom_kills())).await.ok().flatten()
+    }
+
+    fn watch_oom(&self, target: Target<'_>) -> Option<Box<dyn OomEvents>> {
+        match crate::oom::OomWatch::open(Path::new("/sys/fs/cgroup"), target.cgroups_path) {
+            Ok(w) => Some(Box::new(w)),
+            Err(e) => {
+                // The exit still reports an OOM kill; only the early event is lost.
+                tracing::warn!(task = target.id, error = %e, "cannot watch OOM events");
+                None
+            }
+        }
     }
 }
 

@@ -658,3 +658,43 @@ async fn init_exit_kills_what_is_left_without_an_own_pid_namespace() {
     f.service.delete("test", "hostpid", "").await.unwrap();
     f.nri.stop().await;
 }
+
+/// As runc's shim: a child OOM-killed in a container that runs on gives
+/// `/tasks/oom` at once (not only when the container exits), and once.
+#[tokio::test(flavor = "current_thread")]
+async fn an_oom_kill_in_a_running_container_is_published_at_once() {
+    let f = Fixture::new().await;
+    let bundle = f.bundle(
+        "oomchild",
+        &["/bin/sh", "-c", "head -c 300000000 /dev/zero | tail > /dev/null; sleep 1000"],
+    );
+    let config = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    spec["linux"]["resources"]["memory"] = serde_json::json!({"limit": 32 << 20});
+    std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+    f.service
+        .create(
+            "test",
+            task_api::CreateTaskRequest {
+                id: "oomchild".into(),
+                bundle: bundle.to_string_lossy().into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    f.service.start("test", "oomchild", "").await.unwrap();
+    assert!(f.sink.wait_topic(topics::OOM).await, "no /tasks/oom: {:?}", f.sink.topics());
+    let state = f.service.state("test", "oomchild", "").await.unwrap();
+    assert_eq!(state.status.enum_value().unwrap(), task_api::Status::RUNNING);
+    assert!(!f.sink.topics().contains(&topics::EXIT));
+    f.service
+        .kill("test", "oomchild", "", libc::SIGKILL as u32, false)
+        .await
+        .unwrap();
+    f.service.wait("test", "oomchild", "").await.unwrap();
+    assert!(f.sink.wait_topic(topics::EXIT).await);
+    assert_eq!(f.sink.topics().iter().filter(|t| **t == topics::OOM).count(), 1);
+    f.service.delete("test", "oomchild", "").await.unwrap();
+    f.nri.stop().await;
+}

@@ -176,6 +176,7 @@ impl Service {
             sigkilled: AtomicBool::new(false),
             rootfs_mounts,
             own_pid_namespace,
+            oom_published: tokio::sync::Mutex::new(0),
             env,
         }))
     }
@@ -184,6 +185,9 @@ impl Service {
     /// then PostCreateContainer.
     async fn announce_created(&self, task: &Arc<Task>, req: &task_api::CreateTaskRequest) {
         tokio::spawn(self.clone().watch_exit(task.clone(), task.init.clone()));
+        if let Some(oom) = self.runner().watch_oom(task.target()) {
+            tokio::spawn(self.clone().watch_oom(task.clone(), oom));
+        }
         let mut ev = ev::TaskCreate {
             container_id: task.id.clone(),
             bundle: req.bundle.clone(),

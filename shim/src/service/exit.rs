@@ -2,7 +2,8 @@
 //! the order containerd relies on: after the process's start event, an
 //! init's after its execs' (containerd #9719), `/tasks/oom` before the
 //! init's `/tasks/exit`; a process that never started has no exit event
-//! (containerd #6429). Then NRI StopContainer, once. A container without a
+//! (containerd #6429). Then NRI StopContainer, once. OOM kills are also
+//! published as they happen, while the container runs on. A container without a
 //! PID namespace of its own loses all its processes with its init, as
 //! with runc.
 
@@ -20,7 +21,7 @@ use super::{
     process::{Proc, Task},
     timestamp,
 };
-use crate::{events::topics, io::ProcessIo, monitor::ExitStatus, sync::lock};
+use crate::{events::topics, io::ProcessIo, monitor::ExitStatus, runner::OomEvents, sync::lock};
 
 /// How long an exit waits for the terminal output to be copied.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -30,6 +31,44 @@ const EXEC_EXIT_TIMEOUT: Duration = Duration::from_secs(2);
 const START_OUTCOME_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Service {
+    /// Publishes `/tasks/oom` while the container runs, as each OOM kill
+    /// happens (a child killed in a container that goes on), until the
+    /// init is reaped or the cgroup is gone.
+    pub(super) async fn watch_oom(self, task: Arc<Task>, mut oom: Box<dyn OomEvents>) {
+        let mut reaped = task.init.reaped.subscribe();
+        loop {
+            tokio::select! {
+                alive = oom.changed() => {
+                    if !alive {
+                        return;
+                    }
+                    self.publish_ooms(&task).await;
+                }
+                _ = async { reaped.wait_for(|r| *r).await.map(drop) } => return,
+            }
+        }
+    }
+
+    /// One `/tasks/oom` when the cgroup counts more OOM kills than were
+    /// published; serialised so the live watch and the exit never both
+    /// publish one kill, nor the watch after the exit event.
+    async fn publish_ooms(&self, task: &Task) {
+        let mut published = task.oom_published.lock().await;
+        let count = self.runner().oom_kills(task.target()).await.unwrap_or(0);
+        if count > *published {
+            *published = count;
+            tracing::warn!(task = %task.id, oom_kills = count, "OOM kill in the container");
+            self.publish(
+                &task.ns,
+                topics::OOM,
+                Box::new(ev::TaskOOM {
+                    container_id: task.id.clone(),
+                    ..Default::default()
+                }),
+            );
+        }
+    }
+
     /// Waits for `proc`'s exit and publishes it (see the module docs).
     pub(super) async fn watch_exit(self, task: Arc<Task>, proc: Arc<Proc>) {
         let Some(process) = proc.process() else {
@@ -86,15 +125,8 @@ impl Service {
             }
         };
         if publish {
-            if is_init && self.runner().oom_kills(task.target()).await.unwrap_or(0) > 0 {
-                self.publish(
-                    &task.ns,
-                    topics::OOM,
-                    Box::new(ev::TaskOOM {
-                        container_id: task.id.clone(),
-                        ..Default::default()
-                    }),
-                );
+            if is_init {
+                self.publish_ooms(&task).await;
             }
             self.publish(
                 &task.ns,

@@ -134,6 +134,9 @@ pub struct Task {
     /// PID, or a pod's shared PID namespace) its processes do not die
     /// with the init, and the shim kills them (see `exit`).
     pub own_pid_namespace: bool,
+    /// OOM kills already published (`/tasks/oom` once per increase of the
+    /// cgroup's counter, whether seen live or at the exit).
+    pub oom_published: tokio::sync::Mutex<u64>,
     /// The init's environment after the NRI adjustment: the base of every
     /// exec's environment.
     pub env: Vec<String>,

@@ -83,6 +83,8 @@ struct FakeRunner {
     next_pid: AtomicI32,
     updates: Mutex<Vec<LinuxResources>>,
     exec_processes: Mutex<Vec<serde_json::Value>>,
+    /// Wakes the OOM watch of the last created container.
+    oom_tx: Mutex<Option<tokio::sync::mpsc::UnboundedSender<()>>>,
     /// Run when a freeze is asked, before it is done (to race it).
     on_freeze: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -179,6 +181,20 @@ impl Runner for FakeRunner {
     }
     async fn oom_kills(&self, _target: Target<'_>) -> Option<u64> {
         Some(self.oom_kills.load(Ordering::SeqCst))
+    }
+    fn watch_oom(&self, _target: Target<'_>) -> Option<Box<dyn crate::runner::OomEvents>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.oom_tx.lock().unwrap() = Some(tx);
+        Some(Box::new(FakeOom(rx)))
+    }
+}
+
+struct FakeOom(tokio::sync::mpsc::UnboundedReceiver<()>);
+
+#[async_trait]
+impl crate::runner::OomEvents for FakeOom {
+    async fn changed(&mut self) -> bool {
+        self.0.recv().await.is_some()
     }
 }
 
@@ -600,6 +616,26 @@ async fn oom_is_published_before_the_exit() {
     f.service.start(NS, "c1", "").await.unwrap();
     f.runner.oom_kills.store(1, Ordering::SeqCst);
     f.runner.proc("c1").exit(137);
+    f.wait_topic_count(topics::EXIT, 1).await;
+    assert_eq!(
+        f.sink.topics(),
+        [topics::CREATE, topics::START, topics::OOM, topics::EXIT]
+    );
+}
+
+#[tokio::test]
+async fn an_oom_kill_in_a_running_container_is_published_at_once_and_once() {
+    let f = Fixture::new();
+    f.create("c1", &[]).await.unwrap();
+    f.service.start(NS, "c1", "").await.unwrap();
+    // A child is OOM-killed; the container runs on.
+    f.runner.oom_kills.store(1, Ordering::SeqCst);
+    f.runner.oom_tx.lock().unwrap().as_ref().unwrap().send(()).unwrap();
+    f.wait_topic_count(topics::OOM, 1).await;
+    assert_eq!(f.status("c1", "").await, task_api::Status::RUNNING);
+    // A wake without a new kill publishes nothing; the exit adds no second one.
+    f.runner.oom_tx.lock().unwrap().as_ref().unwrap().send(()).unwrap();
+    f.runner.proc("c1").exit(0);
     f.wait_topic_count(topics::EXIT, 1).await;
     assert_eq!(
         f.sink.topics(),
