@@ -547,3 +547,79 @@ fn exec_with_piped_stdin_sees_end_of_file() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
 }
+
+/// Task.Stats on cgroup v1 carries what runc's shim gives for the same
+/// container: the hierarchical memory counters CRI reads for the working
+/// set (`total_inactive_file`, ...) and CPU times in nanoseconds.
+#[test]
+fn metrics_match_runc_on_cgroup_v1() {
+    let c = Containerd::start(Setup::default());
+    let fifo = c.dir.path().join("fifo").display().to_string();
+    let rootfs = c.rootfs.display().to_string();
+    // Page cache (a 16 MiB file) and some CPU in user and kernel mode.
+    let script = "dd if=/dev/zero of=/tmp/f bs=1M count=16 2>/dev/null; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; cat /tmp/f > /dev/null; sleep 300";
+    let metrics = |runtime: &str, id: &str| -> serde_json::Value {
+        let out = c.ctr(&[
+            "run",
+            "--fifo-dir",
+            &fifo,
+            "--runtime",
+            runtime,
+            "-d",
+            "--rootfs",
+            &rootfs,
+            id,
+            "/bin/sh",
+            "-c",
+            script,
+        ]);
+        assert!(out.status.success(), "{runtime}: {}", text(&out));
+        c.wait_status(id, "RUNNING");
+        // Until the script's work is done.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = c.ctr(&["t", "metrics", "--format", "json", id]);
+            assert!(out.status.success(), "{runtime}: {}", text(&out));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metrics json");
+            let done = v["memory"]["total_cache"].as_u64().unwrap_or(0) >= 16 << 20
+                && v["cpu"]["usage"]["user"].as_u64().unwrap_or(0) > 0;
+            if done || Instant::now() > deadline {
+                let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let ours = metrics("io.containerd.nri-shim.v2", "ctrd-metrics-nri");
+    let runc = metrics("io.containerd.runc.v2", "ctrd-metrics-runc");
+    for (name, v) in [("nri-shim", &ours), ("runc", &runc)] {
+        let mem = &v["memory"];
+        assert!(mem["total_cache"].as_u64().unwrap_or(0) >= 16 << 20, "{name}: {v}");
+        let file = mem["total_inactive_file"].as_u64().unwrap_or(0) + mem["total_active_file"].as_u64().unwrap_or(0);
+        assert!(file >= 16 << 20, "{name}: page cache in the file counters: {v}");
+        let cpu = &v["cpu"]["usage"];
+        let (total, user, kernel) = (
+            cpu["total"].as_u64().unwrap_or(0),
+            cpu["user"].as_u64().unwrap_or(0),
+            cpu["kernel"].as_u64().unwrap_or(0),
+        );
+        // Nanoseconds, all three: user + kernel is about the total (not
+        // 10^7 times smaller, as clock ticks would be).
+        assert!(
+            user + kernel > total / 4 && user + kernel < total * 4,
+            "{name}: cpu {cpu}"
+        );
+    }
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        let mut k: Vec<String> = v["memory"].as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    // Every counter runc reports, we report (zero counters are left out of
+    // the JSON; dirty and writeback pages come and go with the flusher).
+    let ours_keys = keys(&ours);
+    let volatile = ["dirty", "total_dirty", "writeback", "total_writeback"];
+    for k in keys(&runc).iter().filter(|k| !volatile.contains(&k.as_str())) {
+        assert!(ours_keys.contains(k), "runc reports {k}, nri-shim does not: {ours}");
+    }
+}

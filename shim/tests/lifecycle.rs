@@ -666,7 +666,11 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once() {
     let f = Fixture::new().await;
     let bundle = f.bundle(
         "oomchild",
-        &["/bin/sh", "-c", "head -c 300000000 /dev/zero | tail > /dev/null; sleep 1000"],
+        &[
+            "/bin/sh",
+            "-c",
+            "head -c 300000000 /dev/zero | tail > /dev/null; sleep 1000",
+        ],
     );
     let config = bundle.join("config.json");
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
@@ -684,7 +688,11 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once() {
         .await
         .unwrap();
     f.service.start("test", "oomchild", "").await.unwrap();
-    assert!(f.sink.wait_topic(topics::OOM).await, "no /tasks/oom: {:?}", f.sink.topics());
+    assert!(
+        f.sink.wait_topic(topics::OOM).await,
+        "no /tasks/oom: {:?}",
+        f.sink.topics()
+    );
     let state = f.service.state("test", "oomchild", "").await.unwrap();
     assert_eq!(state.status.enum_value().unwrap(), task_api::Status::RUNNING);
     assert!(!f.sink.topics().contains(&topics::EXIT));
