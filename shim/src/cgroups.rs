@@ -22,6 +22,30 @@ pub struct Cgroup {
     manager: AnyCgroupManager,
 }
 
+/// runc's rule: `linux.resources.unified` (cgroup v2 files written as they
+/// are) needs a pure cgroup v2 host; on v1 or hybrid it is refused instead
+/// of being silently ignored.
+///
+/// # Errors
+/// [`ShimError::InvalidArgument`] naming the keys, on a host that is not
+/// pure cgroup v2.
+pub fn check_unified(resources: Option<&LinuxResources>) -> Result<()> {
+    let Some(unified) = resources.and_then(|r| r.unified().as_ref()).filter(|u| !u.is_empty()) else {
+        return Ok(());
+    };
+    let setup = libcgroups::common::get_cgroup_setup()
+        .map_err(|e| ShimError::Runtime(format!("cannot tell the host's cgroup setup: {e}")))?;
+    if matches!(setup, libcgroups::common::CgroupSetup::Unified) {
+        return Ok(());
+    }
+    let mut keys: Vec<&str> = unified.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    Err(ShimError::InvalidArgument(format!(
+        "linux.resources.unified ({}) needs cgroup v2, and this host runs cgroup v1 ({setup})",
+        keys.join(", ")
+    )))
+}
+
 fn err(what: &str, path: &Path, e: impl std::fmt::Display) -> ShimError {
     ShimError::Runtime(format!("cgroup {}: {what}: {e}", path.display()))
 }
@@ -66,6 +90,7 @@ impl Cgroup {
     /// # Errors
     /// A controller refused a value.
     pub fn update(&self, resources: &LinuxResources) -> Result<()> {
+        check_unified(Some(resources))?;
         self.manager
             .apply(&ControllerOpt {
                 resources,

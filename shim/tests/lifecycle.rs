@@ -706,3 +706,59 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once() {
     f.service.delete("test", "oomchild", "").await.unwrap();
     f.nri.stop().await;
 }
+
+/// runc refuses `linux.resources.unified` on a cgroup v1 (or hybrid)
+/// host instead of ignoring it; so do we, naming the keys, and the create
+/// leaves nothing behind.
+#[tokio::test(flavor = "current_thread")]
+async fn unified_resources_are_refused_on_cgroup_v1_as_by_runc() {
+    assert!(
+        !Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        "this test is for cgroup v1 hosts; the cgroup v2 lane checks the other side"
+    );
+    let f = Fixture::new().await;
+    let bundle = f.bundle("unified", &["/bin/true"]);
+    let config = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    spec["linux"]["resources"]["unified"] = serde_json::json!({"memory.high": "50000000"});
+    std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let e = f
+        .service
+        .create(
+            "test",
+            task_api::CreateTaskRequest {
+                id: "unified".into(),
+                bundle: bundle.to_string_lossy().into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ttrpc::Code::INVALID_ARGUMENT, "{e}");
+    assert!(e.to_string().contains("memory.high"), "{e}");
+    assert!(!f.state_dir("unified").exists());
+    assert!(!cgroup_exists("unified"));
+    // runc on the same bundle.
+    let root = f.dir.path().join("runc-root");
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(&root)
+        .args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg("unified-runc")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runc (apt-get install runc)");
+    let _ = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(&root)
+        .args(["delete", "-f", "unified-runc"])
+        .output();
+    assert!(!out.status.success(), "runc accepted unified on v1");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unified"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    f.nri.stop().await;
+}

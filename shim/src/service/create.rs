@@ -123,6 +123,7 @@ impl Service {
                 }
             }
         }
+        crate::cgroups::check_unified(spec.linux().as_ref().and_then(|l| l.resources().as_ref()))?;
         let cgroups_path = spec
             .linux()
             .as_ref()
