@@ -246,8 +246,11 @@ pub fn helper_main() -> ! {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         // libcgroups warns once per cgroup v1 controller the host lacks
-        // (hugetlb, perf_event, ...), for every container: not news.
-        .with_env_filter(tracing_subscriber::EnvFilter::new("warn,libcgroups::v1::manager=error"))
+        // (hugetlb, perf_event, ...) and per cgroup v2 controller it does
+        // not manage (rdma, misc), for every container: not news.
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "warn,libcgroups::v1::manager=error,libcgroups::v2::util=error",
+        ))
         .try_init();
     let mut input = String::new();
     let response = match std::io::stdin().read_to_string(&mut input) {
