@@ -205,7 +205,11 @@ impl Fixture {
     }
 
     async fn create(&self, id: &str, args: &[&str]) -> Result<u32, nri_shim::error::ShimError> {
-        let bundle = self.bundle(id, args);
+        self.create_bundle(id, self.bundle(id, args)).await
+    }
+
+    /// Creates task `id` from a bundle made (and perhaps edited) beforehand.
+    async fn create_bundle(&self, id: &str, bundle: PathBuf) -> Result<u32, nri_shim::error::ShimError> {
         self.service
             .create(
                 "test",
@@ -254,17 +258,7 @@ async fn r26_exit_status_fidelity() {
         &["/bin/sh", "-c", "kill -TERM $$; sleep 5"],
         &["ipc", "uts", "mount"],
     );
-    f.service
-        .create(
-            "test",
-            task_api::CreateTaskRequest {
-                id: "xterm".into(),
-                bundle: bundle.to_string_lossy().into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    f.create_bundle("xterm", bundle).await.unwrap();
     f.service.start("test", "xterm", "").await.unwrap();
     assert_eq!(f.service.wait("test", "xterm", "").await.unwrap().exit_status, 143);
     // Persisted for `delete` after a shim crash.
@@ -607,17 +601,7 @@ async fn init_exit_kills_what_is_left_without_an_own_pid_namespace() {
         &["/bin/sh", "-c", "sleep 1000 & sleep 0.5; exit 3"],
         &["ipc", "uts", "mount"],
     );
-    f.service
-        .create(
-            "test",
-            task_api::CreateTaskRequest {
-                id: "hostpid".into(),
-                bundle: bundle.to_string_lossy().into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    f.create_bundle("hostpid", bundle).await.unwrap();
     f.service.start("test", "hostpid", "").await.unwrap();
     let exec = task_api::ExecProcessRequest {
         id: "hostpid".into(),
@@ -676,17 +660,7 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once() {
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
     spec["linux"]["resources"]["memory"] = serde_json::json!({"limit": 32 << 20});
     std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
-    f.service
-        .create(
-            "test",
-            task_api::CreateTaskRequest {
-                id: "oomchild".into(),
-                bundle: bundle.to_string_lossy().into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    f.create_bundle("oomchild", bundle).await.unwrap();
     f.service.start("test", "oomchild", "").await.unwrap();
     assert!(
         f.sink.wait_topic(topics::OOM).await,
@@ -722,18 +696,7 @@ async fn unified_resources_are_refused_on_cgroup_v1_as_by_runc() {
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
     spec["linux"]["resources"]["unified"] = serde_json::json!({"memory.high": "50000000"});
     std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let e = f
-        .service
-        .create(
-            "test",
-            task_api::CreateTaskRequest {
-                id: "unified".into(),
-                bundle: bundle.to_string_lossy().into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
+    let e = f.create_bundle("unified", bundle.clone()).await.unwrap_err();
     assert_eq!(e.code(), ttrpc::Code::INVALID_ARGUMENT, "{e}");
     assert!(e.to_string().contains("memory.high"), "{e}");
     assert!(!f.state_dir("unified").exists());
