@@ -470,6 +470,14 @@ impl TenantContainerBuilder {
             linux_builder = linux_builder.time_offsets(time_offsets.clone());
         }
 
+        // nri-shim patch: an exec'd process gets the container's seccomp
+        // profile, as runc's setns init loads it for every exec. Rebuilt
+        // without it, the linux section left execs unconfined (Seccomp: 0).
+        // Pinned by nri-shim's runc_parity test exec_gets_the_containers_seccomp_profile.
+        if let Some(seccomp) = spec_linux.seccomp() {
+            linux_builder = linux_builder.seccomp(seccomp.clone());
+        }
+
         let linux = linux_builder.build()?;
         spec.set_process(Some(process)).set_linux(Some(linux));
 

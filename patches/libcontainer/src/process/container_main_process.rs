@@ -211,8 +211,19 @@ pub fn container_main_process(container_args: &ContainerArgs) -> Result<Pid> {
             &mut init_sender,
         )?;
 
+        // nri-shim patch: the container state is only needed to tell a
+        // seccomp notify listener about the process; an exec (whose
+        // builder passes no container state) with a profile that has no
+        // SCMP_ACT_NOTIFY rule failed here with ContainerStateRequired
+        // once execs got the container's profile (see tenant_builder).
+        // Pinned by nri-shim's runc_parity test
+        // exec_gets_the_containers_seccomp_profile.
         #[cfg(feature = "libseccomp")]
-        if let Some(seccomp) = linux.seccomp() {
+        if let Some(seccomp) = linux
+            .seccomp()
+            .as_ref()
+            .filter(|s| crate::seccomp::is_notify(s))
+        {
             let container = container_args
                 .container
                 .as_ref()

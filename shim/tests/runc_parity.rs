@@ -1,0 +1,393 @@
+//! runc parity on real containers (root, busybox from Debian's
+//! busybox-static, Debian's runc): each test runs the same OCI bundle
+//! through `Service` (libcontainer in the helper) and through runc, and
+//! checks that the container sees the same thing (issue 9 items 2, 3, 4
+//! and 9).
+//!
+//! A missing prerequisite (busybox, runc) fails the test with what to
+//! install. Every container, mount and cgroup a test makes is removed
+//! by guards, also when an assertion fails.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::Arc,
+    time::Duration,
+};
+
+use containerd_shim_protos::api as task_api;
+use nri_shim::{error::ShimError, events::MemorySink, runner::HelperRunner, service::Service};
+use serde_json::{Value, json};
+
+const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-nri-shim-v2");
+
+/// The tests of this file share mounts on the host and run long
+/// containers: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A busybox rootfs shared by the tests of this file (see lifecycle.rs).
+fn rootfs() -> &'static Path {
+    static ROOTFS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOTFS.get_or_init(|| {
+        let busybox = Path::new("/bin/busybox");
+        assert!(busybox.exists(), "/bin/busybox missing: apt-get install busybox-static");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("parity-rootfs");
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for d in ["proc", "dev", "sys", "tmp", "etc", "root", "mnt"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let tmp = bin.join(format!(".busybox.{}", std::process::id()));
+        std::fs::copy(busybox, &tmp).unwrap();
+        std::fs::rename(&tmp, bin.join("busybox")).unwrap();
+        let list = Command::new(busybox).arg("--list").output().unwrap();
+        for applet in String::from_utf8_lossy(&list.stdout).lines() {
+            if applet != "busybox" {
+                let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
+            }
+        }
+        dir
+    })
+}
+
+fn runc_binary() -> &'static str {
+    for p in ["/usr/sbin/runc", "/usr/bin/runc"] {
+        if Path::new(p).exists() {
+            return p;
+        }
+    }
+    panic!("runc missing: apt-get install runc (the reference these tests compare with)");
+}
+
+/// Capabilities that let the process mount (the propagation test) and
+/// keep the set small and explicit (runc drops all without a list).
+fn caps(list: &[&str]) -> Value {
+    json!({"bounding": list, "effective": list, "permitted": list})
+}
+
+/// An OCI process running `args`.
+fn process(args: &[&str]) -> Value {
+    json!({
+        "user": {"uid": 0, "gid": 0},
+        "args": args,
+        "cwd": "/",
+        "env": ["PATH=/bin"],
+        "capabilities": caps(&["CAP_SYS_ADMIN", "CAP_KILL", "CAP_CHOWN", "CAP_SETUID", "CAP_SETGID"]),
+    })
+}
+
+/// A bundle spec over the busybox rootfs: own pid, ipc, uts and mount
+/// namespaces, cgroup `/nri-shim-parity/<pid>-<name>`.
+fn spec(name: &str, args: &[&str]) -> Value {
+    json!({
+        "ociVersion": "1.0.2",
+        "process": process(args),
+        "root": {"path": rootfs()},
+        "hostname": name,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]}
+        ],
+        "linux": {
+            "cgroupsPath": cgroups_path(name),
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+            "resources": {"devices": [{"allow": false, "access": "rwm"}]}
+        }
+    })
+}
+
+fn cgroups_path(name: &str) -> String {
+    format!("/nri-shim-parity/{}-{name}", std::process::id())
+}
+
+/// Writes `spec` as `dir/<name>/config.json`; returns the bundle.
+fn write_bundle(dir: &Path, name: &str, spec: &Value) -> PathBuf {
+    let b = dir.join("bundles").join(name);
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(b.join("config.json"), serde_json::to_vec_pretty(spec).unwrap()).unwrap();
+    b
+}
+
+/// Removes a container's cgroup in every v1 hierarchy (and v2), when
+/// something failed half-way.
+fn remove_cgroup(name: &str) {
+    let rel = cgroups_path(name);
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
+        for e in entries.flatten() {
+            let _ = std::fs::remove_dir(e.path().join(rel.trim_start_matches('/')));
+        }
+    }
+}
+
+/// The shim side: a `Service` on libcontainer helpers.
+struct Shim {
+    dir: tempfile::TempDir,
+    service: Service,
+    /// Tasks to delete (with their cgroups) when the test ends.
+    tasks: std::sync::Mutex<Vec<String>>,
+}
+
+impl Shim {
+    fn new() -> Shim {
+        // As the daemon: container processes re-parent to us when helpers exit.
+        nri_shim::monitor::set_subreaper().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let service = Service::new(
+            Arc::new(HelperRunner::new(SHIM, &state)),
+            state,
+            Arc::new(MemorySink::default()),
+        );
+        Shim {
+            dir,
+            service,
+            tasks: Default::default(),
+        }
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.out"))
+    }
+
+    /// Creates task `name` from `spec`, stdout and stderr to one file.
+    async fn create(&self, name: &str, spec: &Value) -> Result<u32, ShimError> {
+        let bundle = write_bundle(self.dir.path(), name, spec);
+        let out = format!("file://{}", self.out(name).display());
+        self.tasks.lock().unwrap().push(name.to_string());
+        self.service
+            .create(
+                "test",
+                task_api::CreateTaskRequest {
+                    id: name.into(),
+                    bundle: bundle.to_string_lossy().into(),
+                    stdout: out.clone(),
+                    stderr: out,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(|r| r.pid)
+    }
+
+    async fn run(&self, name: &str, spec: &Value) -> Result<u32, ShimError> {
+        let pid = self.create(name, spec).await?;
+        self.service.start("test", name, "").await?;
+        Ok(pid)
+    }
+
+    /// Runs `process` in task `name` to its end; returns its output.
+    async fn exec(&self, name: &str, exec_id: &str, process: &Value) -> String {
+        let out = self.dir.path().join(format!("{name}-{exec_id}.out"));
+        let uri = format!("file://{}", out.display());
+        self.service
+            .exec(
+                "test",
+                task_api::ExecProcessRequest {
+                    id: name.into(),
+                    exec_id: exec_id.into(),
+                    stdout: uri.clone(),
+                    stderr: uri,
+                    spec: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+                        value: serde_json::to_vec(process).unwrap(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        self.service.start("test", name, exec_id).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.service.wait("test", name, exec_id))
+            .await
+            .expect("exec ends within 10 s")
+            .unwrap();
+        std::fs::read_to_string(out).unwrap_or_default()
+    }
+
+    /// Output of task `name`'s init so far.
+    fn output(&self, name: &str) -> String {
+        std::fs::read_to_string(self.out(name)).unwrap_or_default()
+    }
+
+    /// Kills and deletes task `name`.
+    async fn remove(&self, name: &str) {
+        let _ = self.service.kill("test", name, "", libc::SIGKILL as u32, true).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.service.wait("test", name, "")).await;
+        let _ = self.service.delete("test", name, "").await;
+        remove_cgroup(name);
+        self.tasks.lock().unwrap().retain(|t| t != name);
+    }
+
+    async fn remove_all(&self) {
+        let tasks = self.tasks.lock().unwrap().clone();
+        for t in tasks {
+            self.remove(&t).await;
+        }
+    }
+}
+
+impl Drop for Shim {
+    /// A test that failed half-way: kill what still runs (the async
+    /// `remove_all` is the normal path).
+    fn drop(&mut self) {
+        for t in self.tasks.lock().unwrap().iter() {
+            if let Ok(pids) = std::fs::read_to_string(format!("/sys/fs/cgroup/pids{}/cgroup.procs", cgroups_path(t))) {
+                for pid in pids.lines().filter_map(|p| p.parse::<i32>().ok()) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// The reference side: Debian's runc with a private state root.
+struct Runc {
+    dir: tempfile::TempDir,
+    containers: std::sync::Mutex<Vec<String>>,
+}
+
+/// What a runc command printed and how it ended.
+struct RuncOutput {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Runc {
+    fn new() -> Runc {
+        runc_binary();
+        Runc {
+            dir: tempfile::tempdir().unwrap(),
+            containers: Default::default(),
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(runc_binary());
+        c.arg("--root").arg(self.dir.path().join("root"));
+        c
+    }
+
+    fn output(c: &mut Command) -> RuncOutput {
+        let o = c.output().unwrap();
+        RuncOutput {
+            ok: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// `runc run -d`: the container keeps running; its output goes to a file.
+    fn run_detached(&self, name: &str, spec: &Value) -> RuncOutput {
+        let bundle = write_bundle(self.dir.path(), name, spec);
+        self.containers.lock().unwrap().push(name.to_string());
+        let out = std::fs::File::create(self.dir.path().join(format!("{name}.out"))).unwrap();
+        let mut c = self.cmd();
+        c.args(["run", "-d", "--bundle"])
+            .arg(&bundle)
+            .arg(name)
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        let st = c.status().unwrap();
+        RuncOutput {
+            ok: st.success(),
+            stdout: String::new(),
+            stderr: self.output_of(name),
+        }
+    }
+
+    fn output_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.out"))).unwrap_or_default()
+    }
+
+    /// `runc exec --process`: the process's output.
+    fn exec(&self, name: &str, process: &Value) -> String {
+        let file = self.dir.path().join(format!("{name}-process.json"));
+        std::fs::write(&file, serde_json::to_vec(process).unwrap()).unwrap();
+        let o = Self::output(self.cmd().args(["exec", "--process"]).arg(&file).arg(name));
+        format!("{}{}", o.stdout, o.stderr)
+    }
+
+    fn remove(&self, name: &str) {
+        let _ = Self::output(self.cmd().args(["delete", "--force", name]));
+        remove_cgroup(name);
+        self.containers.lock().unwrap().retain(|c| c != name);
+    }
+}
+
+impl Drop for Runc {
+    fn drop(&mut self) {
+        let names = self.containers.lock().unwrap().clone();
+        for n in names {
+            self.remove(&n);
+        }
+    }
+}
+
+/// Item 2: an exec'd process gets exactly the container's seccomp profile
+/// (with its errnoRet) and the capabilities, no-new-privs and rlimits of
+/// its own process.json, as with runc. Before the libcontainer patch the
+/// exec ran with `Seccomp: 0` and could mkdir.
+#[tokio::test(flavor = "current_thread")]
+async fn exec_gets_the_containers_seccomp_profile() {
+    let _serial = SERIAL.lock().await;
+    // What an unconfined mkdir of an earlier run left.
+    for d in ["from-init", "from-exec"] {
+        let _ = std::fs::remove_dir(rootfs().join("tmp").join(d));
+    }
+    // mkdir/mkdirat fail with EDQUOT (122, "Disk quota exceeded"): an
+    // errno no filesystem here would give, so the profile's errnoRet is seen.
+    let mut s = spec(
+        "sc",
+        &[
+            "/bin/sh",
+            "-c",
+            "exec 2>&1; mkdir /tmp/from-init; grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status; exec sleep 60",
+        ],
+    );
+    s["process"]["noNewPrivileges"] = json!(true);
+    s["process"]["rlimits"] = json!([{"type": "RLIMIT_NOFILE", "soft": 1000, "hard": 1000}]);
+    s["linux"]["seccomp"] = json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 122}]
+    });
+    // The exec's own process.json (containerd sends the container's
+    // process with the exec's args): other capabilities and rlimits than
+    // the init, no-new-privs set.
+    let mut exec = process(&[
+        "/bin/sh",
+        "-c",
+        "exec 2>&1; mkdir /tmp/from-exec; grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status; ulimit -u; ulimit -Hu",
+    ]);
+    exec["capabilities"] = caps(&["CAP_CHOWN"]);
+    exec["noNewPrivileges"] = json!(true);
+    // RLIMIT_NPROC: Debian's runc 1.1.5 (Go 1.19) sets an exec's
+    // RLIMIT_NOFILE soft limit to the hard one (a runc bug fixed in 1.1.12).
+    exec["rlimits"] = json!([{"type": "RLIMIT_NPROC", "soft": 321, "hard": 654}]);
+
+    let runc = Runc::new();
+    let started = runc.run_detached("sc", &s);
+    assert!(started.ok, "runc run: {}", started.stderr);
+    let runc_exec = runc.exec("sc", &exec);
+    std::thread::sleep(Duration::from_millis(200));
+    let runc_init = runc.output_of("sc");
+    runc.remove("sc");
+
+    let shim = Shim::new();
+    shim.run("sc", &s).await.unwrap();
+    let shim_exec = shim.exec("sc", "e1", &exec).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let shim_init = shim.output("sc");
+    shim.remove_all().await;
+
+    // The reference behaves as the test expects.
+    for (what, out) in [("runc init", &runc_init), ("runc exec", &runc_exec)] {
+        assert!(out.contains("Seccomp:\t2"), "{what}: {out}");
+        assert!(out.contains("Disk quota exceeded"), "{what}: {out}");
+    }
+    assert!(runc_exec.contains("321\n654"), "runc exec: {runc_exec}");
+    assert_eq!(shim_init, runc_init, "init: nri-shim vs runc");
+    assert_eq!(shim_exec, runc_exec, "exec: nri-shim vs runc");
+}
