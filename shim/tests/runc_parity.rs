@@ -391,3 +391,148 @@ async fn exec_gets_the_containers_seccomp_profile() {
     assert_eq!(shim_init, runc_init, "init: nri-shim vs runc");
     assert_eq!(shim_exec, runc_exec, "exec: nri-shim vs runc");
 }
+
+/// A directory on the host, bind-mounted on itself and made shared (its
+/// own peer group), unmounted with everything below it on drop.
+struct SharedDir {
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl SharedDir {
+    fn new() -> SharedDir {
+        use nix::mount::{MsFlags, mount};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("shared");
+        std::fs::create_dir_all(&dir).unwrap();
+        mount(Some(&dir), &dir, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        let d = SharedDir { dir, _tmp: tmp };
+        mount(None::<&str>, &d.dir, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+        mount(None::<&str>, &d.dir, None::<&str>, MsFlags::MS_SHARED, None::<&str>).unwrap();
+        d
+    }
+
+    /// Mounts a tmpfs on `dir/<name>` with a marker file in it.
+    fn mount_here(&self, name: &str) {
+        let p = self.dir.join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &p,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        std::fs::write(p.join("marker"), "x").unwrap();
+    }
+
+    /// Unmounts everything below the directory (it stays mounted).
+    fn clear(&self) {
+        for name in ["from-host", "from-container"] {
+            let p = self.dir.join(name);
+            while nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+            let _ = std::fs::remove_dir(&p);
+        }
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        self.clear();
+        while nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+    }
+}
+
+/// What crossed between host and container: (host to container,
+/// container to host).
+type Seen = (bool, bool);
+
+/// Item 3: `rootfsPropagation` and the mount options CRI uses for
+/// HostToContainer (rslave) and Bidirectional (rshared) propagate as
+/// with runc; a private mount (rprivate) does not.
+#[tokio::test(flavor = "current_thread")]
+async fn mount_propagation_matches_runc() {
+    let _serial = SERIAL.lock().await;
+    let shared = SharedDir::new();
+    // (rootfsPropagation, the bind's propagation option, expected)
+    // The last two need the mount's own option applied: the bind of a
+    // shared dir in an rshared rootfs is otherwise a peer of the host's.
+    let cases: [(Option<&str>, &str, Seen); 5] = [
+        (Some("rslave"), "rslave", (true, false)),
+        (Some("rshared"), "rshared", (true, true)),
+        (None, "rprivate", (false, false)),
+        (Some("rshared"), "rslave", (true, false)),
+        (Some("rshared"), "rprivate", (false, false)),
+    ];
+    // Each mount point with its propagation (shared, master: the peer
+    // group numbers differ between runs), then the crossing checks.
+    let probe = process(&[
+        "/bin/sh",
+        "-c",
+        "awk '{t=\"\"; for (i = 7; $i != \"-\"; i++) { sub(/:.*/, \"\", $i); t = t \" \" $i }; print $5 \":\" t}' /proc/self/mountinfo; \
+         mkdir -p /mnt/h/from-container && mount -t tmpfs tmpfs /mnt/h/from-container && \
+         touch /mnt/h/from-container/marker; \
+         if [ -e /mnt/h/from-host/marker ]; then echo host-seen; else echo host-unseen; fi",
+    ]);
+    let shim = Shim::new();
+    let runc = Runc::new();
+    let mut results = Vec::new();
+    for (i, (root_prop, option, expected)) in cases.iter().enumerate() {
+        let mut s = spec(&format!("mp{i}"), &["/bin/sleep", "60"]);
+        if let Some(p) = root_prop {
+            s["linux"]["rootfsPropagation"] = json!(p);
+        }
+        s["mounts"].as_array_mut().unwrap().push(json!({
+            "destination": "/mnt/h", "type": "bind", "source": shared.dir,
+            "options": ["rbind", option]
+        }));
+        let mut seen = Vec::new();
+        for runtime in ["runc", "nri-shim"] {
+            let name = format!("mp{i}-{runtime}");
+            if runtime == "runc" {
+                let o = runc.run_detached(&name, &s);
+                assert!(o.ok, "runc run {name}: {}", o.stderr);
+            } else {
+                shim.run(&name, &s)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} ({root_prop:?}, {option}): {e}"));
+            }
+            shared.mount_here("from-host");
+            let out = if runtime == "runc" {
+                runc.exec(&name, &probe)
+            } else {
+                shim.exec(&name, "probe", &probe).await
+            };
+            let to_container = if out.contains("host-seen") {
+                true
+            } else {
+                assert!(out.contains("host-unseen"), "{name}: {out}");
+                false
+            };
+            let to_host = shared.dir.join("from-container/marker").exists();
+            if runtime == "runc" {
+                runc.remove(&name);
+            } else {
+                shim.remove(&name).await;
+            }
+            shared.clear();
+            println!(
+                "{name} (rootfsPropagation {root_prop:?}, option {option}): host to container {to_container}, container to host {to_host}\n{out}"
+            );
+            seen.push(((to_container, to_host), out));
+        }
+        results.push((root_prop, option, *expected, seen));
+    }
+    shim.remove_all().await;
+    for (root_prop, option, expected, seen) in &results {
+        assert_eq!(
+            seen[0].0, *expected,
+            "runc with rootfsPropagation {root_prop:?}, option {option}: (host to container, container to host)"
+        );
+        assert_eq!(
+            seen[1], seen[0],
+            "nri-shim vs runc with rootfsPropagation {root_prop:?}, option {option}: what crossed, and each mount's propagation"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 use std::fs::{Permissions, canonicalize};
 use std::io::{BufRead, BufReader, ErrorKind};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -69,6 +69,30 @@ pub enum MountError {
 }
 
 type Result<T> = std::result::Result<T, MountError>;
+
+/// nri-shim patch: the propagation options of a mount, as the flags of the
+/// mount(2) call that applies each (see the end of `mount_into_container`).
+fn propagation_flags(m: &SpecMount) -> Vec<MsFlags> {
+    m.options()
+        .iter()
+        .flatten()
+        .filter_map(
+            |o| match <linux::MountOption as std::str::FromStr>::from_str(o) {
+                Ok(
+                    linux::MountOption::Shared(_, f)
+                    | linux::MountOption::Rshared(_, f)
+                    | linux::MountOption::Slave(_, f)
+                    | linux::MountOption::Rslave(_, f)
+                    | linux::MountOption::Private(_, f)
+                    | linux::MountOption::Rprivate(_, f)
+                    | linux::MountOption::Unbindable(_, f)
+                    | linux::MountOption::Runbindable(_, f),
+                ) => Some(f),
+                _ => None,
+            },
+        )
+        .collect()
+}
 
 pub trait MountInfoProvider {
     fn mountinfo(&self) -> Result<Vec<MountInfo>>;
@@ -799,6 +823,21 @@ impl Mount {
                     retry(mount_fn, MAX_EBUSY_MOUNT_ATTEMPTS - 1, delay, retry_policy)?;
                 }
                 Err(e) => return Err(e.into()),
+            }
+        }
+
+        // nri-shim patch: apply the mount's propagation options (rshared,
+        // rslave, rprivate, ...) after the mount, one mount(2) call each
+        // in order, as runc does. parse_mount reads them as flags to clear
+        // and nothing applied them, so a CRI Bidirectional or
+        // HostToContainer mount did not propagate. Pinned by nri-shim's
+        // runc_parity test mount_propagation_matches_runc.
+        let propagation = propagation_flags(m);
+        if !propagation.is_empty() {
+            let mounted: OwnedFd = root.resolve(container_dest)?.into();
+            let path = PathBuf::from(format!("/proc/self/fd/{}", mounted.as_raw_fd()));
+            for flags in propagation {
+                self.syscall.mount(None, &path, None, flags, None)?;
             }
         }
 

@@ -24,6 +24,18 @@ impl Default for RootFS {
     }
 }
 
+/// nri-shim patch: runc's mount flags for a recursive `rootfsPropagation`
+/// (applied to the host's mounts copied into the new mount namespace).
+fn recursive_root_propagation(propagation: &str) -> MsFlags {
+    MsFlags::MS_REC
+        | match propagation {
+            "rshared" => MsFlags::MS_SHARED,
+            "rslave" => MsFlags::MS_SLAVE,
+            "runbindable" => MsFlags::MS_UNBINDABLE,
+            _ => MsFlags::MS_PRIVATE,
+        }
+}
+
 impl RootFS {
     pub fn new() -> RootFS {
         RootFS {
@@ -43,6 +55,16 @@ impl RootFS {
             Some("shared") => flags |= MsFlags::MS_SHARED,
             Some("private") => flags |= MsFlags::MS_PRIVATE,
             Some("slave" | "unbindable") | None => flags |= MsFlags::MS_SLAVE,
+            // nri-shim patch: the recursive forms CRI uses (Bidirectional:
+            // rshared, HostToContainer: rslave) were refused with
+            // UnknownRootfsPropagation. runc (1.1.5, checked) applies them
+            // here only: after pivot_root the new root stays private as
+            // bound (adjust_root_mount_propagation leaves them alone), so
+            // mounts made under it are private too. Pinned by nri-shim's
+            // runc_parity test mount_propagation_matches_runc.
+            Some(recursive @ ("rshared" | "rslave" | "rprivate" | "runbindable")) => {
+                flags = recursive_root_propagation(recursive)
+            }
             Some(unknown) => {
                 return Err(RootfsError::UnknownRootfsPropagation(unknown.to_string()));
             }
