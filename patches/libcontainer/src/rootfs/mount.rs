@@ -302,10 +302,20 @@ impl Mount {
         tracing::debug!("cgroup mounts: {:?}", host_mounts);
 
         // get process cgroups
-        let ppid = std::os::unix::process::parent_id();
-        // The non-zero ppid means that the PID Namespace is not separated.
-        let ppid = if ppid == 0 { std::process::id() } else { ppid };
-        let root_cgroups = Process::new(ppid as i32)?.cgroups()?.0;
+        // nri-shim patch: the cgroups to strip are those of pid 1 of the
+        // runtime's PID namespace, read from its procfs (still at /proc
+        // here), in every case: what the original read for a container
+        // with its own PID namespace (getpid() == 1 there). For a
+        // container joining another container's PID namespace the
+        // original took its own pid, valid only inside that namespace,
+        // against the runtime's /proc: missing ("procfs failed ...
+        // NotFound", about 1 start in 3 on a quiet host) or another
+        // process's cgroups. With host PID it took the parent's (the
+        // runtime's, libcontainer clones with CLONE_PARENT): a wrong
+        // prefix to strip whenever that cgroup is a prefix of the
+        // container's. Pinned by nri-shim's runc_parity test
+        // joined_pid_namespace_starts_and_sees_its_own_cgroup.
+        let root_cgroups = Process::new(1)?.cgroups()?.0;
         let process_cgroups: HashMap<String, String> =
             ProcessCGroups::from_read(ProcfsHandle::new()?.open(
                 ProcfsBase::ProcSelf,
