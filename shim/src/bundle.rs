@@ -105,6 +105,31 @@ impl Bundle {
     }
 }
 
+/// The spec's `root.path` (relative to the bundle when not absolute) must
+/// be a directory, checked as runc checks it: libcontainer reports a
+/// missing rootfs as an io error naming no path. The helper checks it
+/// before libcontainer's create.
+///
+/// # Errors
+/// [`ShimError::InvalidArgument`] naming the path and the errno.
+pub fn check_rootfs(bundle: &Path, spec: &Spec) -> Result<()> {
+    let Some(root) = spec.root().as_ref() else {
+        return Ok(());
+    };
+    let path = bundle.join(root.path());
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(ShimError::InvalidArgument(format!(
+            "invalid rootfs: {}: not a directory",
+            path.display()
+        ))),
+        Err(e) => Err(ShimError::InvalidArgument(format!(
+            "invalid rootfs: stat {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
 /// Gives the process a `PATH` if it has none: libcontainer refuses to exec
 /// without one (runc does not), and `ctr run --rootfs` specs have none.
 /// Returns whether it added one.
@@ -451,6 +476,26 @@ mod tests {
             .find(|l| l.contains(&*target.to_string_lossy()))
             .expect("in mountinfo");
         assert!(line.contains("noatime") && line.contains("nodev"), "{line}");
+    }
+
+    #[test]
+    fn a_missing_or_non_directory_rootfs_is_named_with_the_errno() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = |root: &str| -> Spec {
+            serde_json::from_value(serde_json::json!({"ociVersion": "1.0.2", "root": {"path": root}})).unwrap()
+        };
+        std::fs::create_dir(dir.path().join("rootfs")).unwrap();
+        std::fs::write(dir.path().join("file"), "").unwrap();
+        check_rootfs(dir.path(), &spec("rootfs")).unwrap();
+        let e = check_rootfs(dir.path(), &spec("/nonexistent/nri-shim-rootfs")).unwrap_err();
+        assert!(matches!(e, ShimError::InvalidArgument(_)), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("stat /nonexistent/nri-shim-rootfs") && text.contains("No such file or directory"),
+            "{text}"
+        );
+        let e = check_rootfs(dir.path(), &spec("file")).unwrap_err().to_string();
+        assert!(e.contains("file: not a directory"), "{e}");
     }
 
     #[test]

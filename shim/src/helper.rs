@@ -180,10 +180,21 @@ fn run(req: Request) -> Response {
             bundle,
             root,
             console_socket,
-        } => builder(&id, &root, &console_socket)
-            .and_then(|b| b.validate_id())
-            .and_then(|b| b.as_init(&bundle).with_systemd(false).with_detach(true).build())
-            .map(|c| c.pid().map(|p| p.as_raw())),
+        } => {
+            // A spec that does not load is libcontainer's to report.
+            if let Ok(spec) = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+                && let Err(e) = crate::bundle::check_rootfs(&bundle, &spec)
+            {
+                return Response::Err {
+                    kind: FailureKind::InvalidArgument,
+                    message: e.to_string(),
+                };
+            }
+            builder(&id, &root, &console_socket)
+                .and_then(|b| b.validate_id())
+                .and_then(|b| b.as_init(&bundle).with_systemd(false).with_detach(true).build())
+                .map(|c| c.pid().map(|p| p.as_raw()))
+        }
         Request::Start { id, root } => Container::load(root.join(&id)).and_then(|mut c| c.start().map(|_| None)),
         Request::Exec {
             id,

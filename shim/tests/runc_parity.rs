@@ -648,3 +648,88 @@ async fn joined_pid_namespace_starts_and_sees_its_own_cgroup() {
     );
     assert_eq!(shim_root, runc_root, "nri-shim vs runc, host pid");
 }
+/// Item 9: a container that cannot be created names the cause as runc
+/// does: the mount (source, destination), the path or the binary, and
+/// the errno. Before the patch the error was "failed to prepare rootfs"
+/// or an io error without a path.
+#[tokio::test(flavor = "current_thread")]
+async fn errors_name_the_mount_path_and_errno() {
+    let _serial = SERIAL.lock().await;
+    let with_mount = |name: &str, m: Value| {
+        let mut s = spec(name, &["/bin/true"]);
+        s["mounts"].as_array_mut().unwrap().push(m);
+        s
+    };
+    let mut missing_rootfs = spec("norootfs", &["/bin/true"]);
+    missing_rootfs["root"]["path"] = json!("/nonexistent/nri-shim-parity-rootfs");
+    // (case, spec, what the error must name)
+    let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+        (
+            "bind source",
+            with_mount(
+                "badbind",
+                json!({"destination": "/data", "type": "bind", "source": "/nonexistent/nri-shim-parity", "options": ["rbind"]}),
+            ),
+            vec!["/nonexistent/nri-shim-parity", "/data", "No such file or directory"],
+        ),
+        (
+            "filesystem type",
+            with_mount(
+                "badtype",
+                json!({"destination": "/mnt", "type": "nosuchfs", "source": "none"}),
+            ),
+            vec!["nosuchfs", "/mnt", "No such device"],
+        ),
+        (
+            "mount option",
+            with_mount(
+                "badopt",
+                json!({"destination": "/mnt", "type": "tmpfs", "source": "tmpfs", "options": ["size=bogus"]}),
+            ),
+            vec!["/mnt", "size=bogus", "Invalid argument"],
+        ),
+        (
+            "rootfs",
+            missing_rootfs,
+            vec!["/nonexistent/nri-shim-parity-rootfs", "No such file or directory"],
+        ),
+        (
+            "executable",
+            spec("noexe", &["/bin/nri-shim-no-such-binary"]),
+            vec!["/bin/nri-shim-no-such-binary"],
+        ),
+        (
+            "executable on PATH",
+            spec("nopathexe", &["nri-shim-no-such-binary"]),
+            vec!["nri-shim-no-such-binary", "PATH"],
+        ),
+    ];
+    let runc = Runc::new();
+    let shim = Shim::new();
+    let mut wrong = Vec::new();
+    for (case, s, names) in &cases {
+        let name = s["hostname"].as_str().unwrap();
+        let reference = runc.run_foreground(name, s);
+        assert!(!reference.ok, "runc ran the bad {case}");
+        let result = match shim.create(name, s).await {
+            Err(e) => Some(e),
+            Ok(_) => shim.service.start("test", name, "").await.err(),
+        };
+        shim.remove(name).await;
+        let Some(e) = result else {
+            wrong.push(format!("{case}: nri-shim ran it (runc: {})", reference.stderr.trim()));
+            continue;
+        };
+        let text = e.to_string();
+        println!("{case}:\n  nri-shim: {text}\n  runc: {}", reference.stderr.trim());
+        let missing: Vec<_> = names.iter().filter(|n| !text.contains(**n)).collect();
+        if !missing.is_empty() {
+            wrong.push(format!(
+                "{case}: error {text:?} does not name {missing:?} (runc: {})",
+                reference.stderr.trim()
+            ));
+        }
+    }
+    shim.remove_all().await;
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

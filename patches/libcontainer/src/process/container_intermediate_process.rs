@@ -179,7 +179,13 @@ pub fn container_intermediate_process(
                 Ok(_) => 0,
                 Err(e) => {
                     tracing::error!("failed to initialize container process: {e}");
-                    if let Err(err) = init_main_sender.exec_failed(e.to_string()) {
+                    // nri-shim patch: report the whole source chain, not only
+                    // the top error ("failed to prepare rootfs"): the cause
+                    // (mount, path, errno) is otherwise only in the
+                    // container's stderr. Pinned by nri-shim's runc_parity
+                    // test errors_name_the_mount_path_and_errno.
+                    let e = error_chain(&e);
+                    if let Err(err) = init_main_sender.exec_failed(e.clone()) {
                         tracing::error!(?err, "failed sending error to main sender");
                     }
                     if let ContainerType::TenantContainer { exec_notify_fd } = args.container_type {
@@ -250,6 +256,23 @@ pub fn container_intermediate_process(
     })?;
 
     Ok(())
+}
+
+/// nri-shim patch: `error: cause: cause ...`, the message runc's init
+/// would report (see the patch note in `container_intermediate_process`).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(cause) = cur {
+        let next = cause.to_string();
+        // `#[error(transparent)]` layers repeat their source's text.
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cur = cause.source();
+    }
+    text
 }
 
 fn setup_userns(

@@ -27,6 +27,20 @@ pub enum RootfsError {
     Symlink(#[from] symlink::SymlinkError),
     #[error(transparent)]
     Mount(#[from] mount::MountError),
+    /// nri-shim patch: a spec mount that failed, named as runc names it
+    /// (`error mounting "src" to rootfs at "dest"`); pinned by nri-shim's
+    /// runc_parity test errors_name_the_mount_path_and_errno.
+    #[error(
+        "error mounting {mount_source:?} ({typ}, options {options:?}) to rootfs at {destination:?}"
+    )]
+    SpecMount {
+        mount_source: String,
+        typ: String,
+        options: Vec<String>,
+        destination: std::path::PathBuf,
+        #[source]
+        err: mount::MountError,
+    },
     #[error(transparent)]
     Device(#[from] device::DeviceError),
 }

@@ -108,7 +108,21 @@ impl RootFS {
 
         if let Some(mounts) = spec.mounts() {
             for mount in mounts {
-                mounter.setup_mount(mount, &global_options)?;
+                // nri-shim patch: name the mount in the error (see
+                // RootfsError::SpecMount).
+                mounter.setup_mount(mount, &global_options).map_err(|err| {
+                    RootfsError::SpecMount {
+                        mount_source: mount
+                            .source()
+                            .as_ref()
+                            .map(|s| s.display().to_string())
+                            .unwrap_or_default(),
+                        typ: mount.typ().clone().unwrap_or_default(),
+                        options: mount.options().clone().unwrap_or_default(),
+                        destination: mount.destination().clone(),
+                        err,
+                    }
+                })?;
             }
         }
         Ok(())
