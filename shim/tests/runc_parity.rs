@@ -2,7 +2,7 @@
 //! busybox-static, Debian's runc): each test runs the same OCI bundle
 //! through `Service` (libcontainer in the helper) and through runc, and
 //! checks that the container sees the same thing (issue 9 items 2, 3, 4
-//! and 9).
+//! and 9, and the read-only cgroup v1 mounts found with item 4).
 //!
 //! A missing prerequisite (busybox, runc) fails the test with what to
 //! install. Every container, mount and cgroup a test makes is removed
@@ -732,4 +732,63 @@ async fn errors_name_the_mount_path_and_errno() {
     }
     shim.remove_all().await;
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The cgroup v1 controller mounts of a container as `root mountpoint
+/// options` (mountinfo fields 4 to 6), without name=systemd (which
+/// libcontainer does not join), from what the container printed.
+fn controller_mounts(out: &str) -> Vec<String> {
+    out.lines()
+        .map(|l| l.split(' ').skip(3).take(3).collect::<Vec<_>>().join(" "))
+        .filter(|l| l.contains(" /sys/fs/cgroup/") && !l.contains(" /sys/fs/cgroup/systemd "))
+        .collect()
+}
+
+/// A container's cgroup v1 controllers are mounted with the cgroup
+/// mount's `ro`, `nosuid`, `nodev` and `noexec`, as with runc: before the
+/// patch they were read-write, so the container could change its own
+/// limits.
+#[tokio::test(flavor = "current_thread")]
+async fn cgroup_v1_mount_is_read_only_as_with_runc() {
+    let _serial = SERIAL.lock().await;
+    assert!(
+        Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists(),
+        "this test is about cgroup v1: no /sys/fs/cgroup/memory hierarchy"
+    );
+    let mut s = spec(
+        "cgro",
+        &[
+            "/bin/sh",
+            "-c",
+            "exec 2>&1; cat /proc/self/mountinfo; \
+             echo 1G > /sys/fs/cgroup/memory/memory.limit_in_bytes && echo limit-written; true",
+        ],
+    );
+    s["mounts"].as_array_mut().unwrap().extend([
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
+    ]);
+    let runc = Runc::new();
+    let reference = runc.run_foreground("cgro", &s);
+    assert!(reference.ok, "runc run: {}", reference.stderr);
+    let shim = Shim::new();
+    shim.run("cgro", &s).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), shim.service.wait("test", "cgro", ""))
+        .await
+        .expect("container ends within 10 s")
+        .unwrap();
+    let out = shim.output("cgro");
+    shim.remove_all().await;
+    let expected = controller_mounts(&reference.stdout);
+    assert!(
+        expected.iter().any(|l| l.ends_with(" ro,nosuid,nodev,noexec,relatime"))
+            && !reference.stdout.contains("limit-written"),
+        "runc: {}",
+        reference.stdout
+    );
+    assert_eq!(controller_mounts(&out), expected, "nri-shim vs runc: {out}");
+    assert!(
+        !out.contains("limit-written"),
+        "the container changed its memory limit: {out}"
+    );
 }

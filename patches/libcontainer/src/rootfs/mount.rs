@@ -484,9 +484,24 @@ impl Mount {
                 )
                 .typ("bind")
                 .options(
+                    // nri-shim patch: the bind of each controller gets the
+                    // cgroup mount's ro, nosuid, nodev and noexec, as runc
+                    // binds it (MS_BIND | MS_REC | the mount's flags). It
+                    // was always read-write: a container could raise its
+                    // own limits through /sys/fs/cgroup/<controller>.
+                    // Pinned by nri-shim's runc_parity test
+                    // cgroup_v1_mount_is_read_only_as_with_runc.
                     ["rw", "rbind"]
                         .iter()
                         .map(|o| o.to_string())
+                        .chain(
+                            cgroup_mount
+                                .options()
+                                .iter()
+                                .flatten()
+                                .filter(|o| matches!(o.as_str(), "ro" | "nosuid" | "nodev" | "noexec"))
+                                .cloned(),
+                        )
                         .collect::<Vec<String>>(),
                 )
                 .build()?;
