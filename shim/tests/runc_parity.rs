@@ -227,14 +227,23 @@ impl Shim {
 }
 
 impl Drop for Shim {
-    /// A test that failed half-way: kill what still runs (the async
-    /// `remove_all` is the normal path).
+    /// A test that failed half-way: kill what still runs and remove the
+    /// cgroups (the async `remove_all` is the normal path).
     fn drop(&mut self) {
         for t in self.tasks.lock().unwrap().iter() {
-            if let Ok(pids) = std::fs::read_to_string(format!("/sys/fs/cgroup/pids{}/cgroup.procs", cgroups_path(t))) {
+            let procs = format!("/sys/fs/cgroup/pids{}/cgroup.procs", cgroups_path(t));
+            if let Ok(pids) = std::fs::read_to_string(&procs) {
                 for pid in pids.lines().filter_map(|p| p.parse::<i32>().ok()) {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
                 }
+            }
+            // A cgroup can be removed once its killed processes have exited.
+            for _ in 0..40 {
+                remove_cgroup(t);
+                if !Path::new(&procs).exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
         }
     }
