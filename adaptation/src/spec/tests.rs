@@ -1,8 +1,10 @@
 //! adjust()/update() per field, the CASES.md spec cases, and properties.
 
+use oci_spec::runtime::{Hook, Hooks, LinuxNamespaceType, LinuxResources};
+use proptest::prelude::*;
+
 use super::*;
 use crate::result::CreateResult;
-use proptest::prelude::*;
 
 fn json<M: protobuf::MessageFull>(s: &str) -> M {
     protobuf_json_mapping::parse_from_str(s).unwrap_or_else(|e| panic!("bad fixture {s}: {e}"))
