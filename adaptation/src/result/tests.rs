@@ -1,6 +1,8 @@
 //! Merge rules per field (table 2.2 of the NRI runtime semantics), conflicts,
 //! take-overs, update merging, and the CASES.md merge cases.
 
+use protobuf::MessageField;
+
 use super::*;
 
 fn json<M: protobuf::MessageFull>(s: &str) -> M {
