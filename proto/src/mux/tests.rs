@@ -1,4 +1,4 @@
-use super::*;
+use super::{shared::frame_header, *};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Reads one raw frame off a plain socket: (conn id, payload).
