@@ -112,6 +112,23 @@ impl ValidationError {
 }
 
 /// Errors of [`Adaptation`](crate::Adaptation).
+///
+/// A runtime can tell what happened from the type alone, without reading
+/// the text:
+///
+/// | error | what happened |
+/// |---|---|
+/// | `Plugin { source: PluginError::Timeout(_), .. }` | the plugin did not answer within the request timeout |
+/// | `Plugin { source: PluginError::Returned { code, .. }, .. }` | the plugin answered with an error of its own |
+/// | `Plugin { source: PluginError::Closed \| Transport(_) \| Protocol(_), .. }` | the connection to the plugin broke; the plugin is dropped ([`PluginError::is_fatal`]) |
+/// | `Validation(ValidationError::Rejected { .. })` | a validator refused the merged adjustment: do not retry the container unchanged |
+/// | `Validation(ValidationError::Failed { source, .. })` | a validator gave no verdict (`source` says why: timeout, transport, ...) |
+/// | `Merge(_)` | plugins' adjustments conflict, or one updated the container being created |
+/// | `NotRunning` | the adaptation was stopped |
+///
+/// A plugin error only fails the runtime's request when the plugin's
+/// [`FailurePolicy`](crate::FailurePolicy) says so; otherwise it is logged
+/// and the plugin is left out.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The builder is missing a required runtime callback.

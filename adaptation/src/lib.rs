@@ -13,8 +13,15 @@
 //! |---|---|
 //! | [`Adaptation`] | start/stop, plugin registry, one async method per lifecycle event |
 //! | [`Options`], [`FailurePolicy`] | socket and plugin paths, timeouts, per-plugin failure policy |
-//! | [`launch`] | discovery and launch of pre-installed plugins |
-//! | [`result`] | merging plugin responses |
+//! | [`adjust`], [`update`], [`spec::to_oci_resources`] | apply plugins' adjustments and updates to an OCI spec |
+//! | [`convert`] | the plugins' view of a container from its OCI spec |
+//! | [`resources`] | the table of NRI resource fields; [`resources::overlay`] keeps a runtime's NRI view current |
+//! | [`Error`], [`PluginError`], [`ValidationError`], [`MergeError`] | why a request failed, typed where a runtime branches |
+//! | [`DefaultValidator`] | the built-in validator |
+//!
+//! Pre-installed plugins are launched from the plugin directory
+//! ([`Options::plugin_path`]); plugin responses are merged with ownership
+//! and conflict detection. Both are internal.
 //!
 //! Wire compatibility: an unmodified Go plugin built with containerd/nri's
 //! `pkg/stub`, or a Rust plugin built with `nri-stub`, registers and works
@@ -118,20 +125,20 @@
 mod adaptation;
 mod builder;
 mod callbacks;
-pub mod config;
+mod config;
 pub mod convert;
 mod dispatch;
-pub mod error;
-pub mod launch;
-pub mod owners;
+mod error;
+mod launch;
+mod owners;
 mod plugin;
 mod registry;
 pub mod resources;
-pub mod result;
+mod result;
 mod socket;
 pub mod spec;
 mod sync;
-pub mod validate;
+mod validate;
 
 pub use adaptation::Adaptation;
 pub use builder::AdaptationBuilder;
@@ -141,6 +148,14 @@ pub use dispatch::{CreateReport, PluginResponse};
 pub use error::{BoxError, Error, PluginError, ValidationError};
 pub use nri_proto::{self, api, events::EventMask};
 pub use plugin::{HandshakeError, PluginOrigin};
+pub use result::MergeError;
 pub use spec::{AdjustError, Adjuster, adjust, update};
 pub use sync::PluginSyncBlock;
-pub use validate::{DefaultValidator, DefaultValidatorConfig};
+pub use validate::{DEFAULT_VALIDATOR_NAME, DefaultValidator, DefaultValidatorConfig, REQUIRED_PLUGINS_ANNOTATION};
+
+/// The merge without an [`Adaptation`], for nri-benches only: its test
+/// checks that the benchmark's plugin responses merge without conflict
+/// before the benchmarks time them. Not part of the API: no runtime merges
+/// responses itself, and the type may change without notice.
+#[doc(hidden)]
+pub use result::CreateResult;

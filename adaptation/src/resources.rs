@@ -5,7 +5,7 @@
 //! it (`memory.limit`, `cpu.cpus`, `hugepages`, `pids.limit`), the ownership
 //! [`Field`] the merge claims, its [`Shape`], and how it is read, overlaid
 //! and converted to and from the OCI runtime spec. The merge
-//! ([`crate::result`]), [`crate::spec::adjust`], [`crate::convert`],
+//! (in `Adaptation::create_container`), [`crate::spec::adjust`], [`crate::convert`],
 //! [`overlay`] (a runtime's NRI view after an update) and [`visit`] (logs)
 //! all walk this table, so a field the protocol adds is described here
 //! once; a test fails while the table misses a field of the generated

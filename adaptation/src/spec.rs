@@ -33,7 +33,8 @@ use nri_proto::api;
 use oci_spec::runtime::{LinuxBlockIo, LinuxIntelRdt, LinuxNetDevice, Spec};
 
 pub(crate) use self::linux::device_type;
-pub use self::oci_resources::{apply_resources, to_oci_resources, update};
+pub(crate) use self::oci_resources::apply_resources;
+pub use self::oci_resources::{to_oci_resources, update};
 use self::{
     linux::{apply_devices, apply_namespaces, apply_rdt, memory_policy, seccomp},
     mounts::apply_mounts,

@@ -291,7 +291,7 @@ pub fn sibling_bin(name: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nri_adaptation::result::CreateResult;
+    use nri_adaptation::CreateResult;
 
     #[test]
     fn eight_slots_merge_without_conflict() {

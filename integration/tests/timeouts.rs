@@ -234,7 +234,7 @@ async fn r4_crash_mid_request_fail_policy_fails_create() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r5_required_plugin_that_times_out_fails_the_create() {
     let rt = runtime(Duration::from_millis(500), |b| {
-        b.with_default_validator(nri_adaptation::validate::DefaultValidatorConfig {
+        b.with_default_validator(nri_adaptation::DefaultValidatorConfig {
             enable: true,
             required_plugins: vec!["image-policy".into()],
             tolerate_missing_plugins_annotation: "tolerate-missing-plugins.example.com".into(),

@@ -154,11 +154,6 @@ impl UpdateResult {
         self.request.as_ref().expect("UpdateContainer result")
     }
 
-    /// Ownership records so far.
-    pub fn owners(&self) -> &Owners {
-        &self.owners
-    }
-
     /// Merges one plugin's updates.
     ///
     /// # Errors

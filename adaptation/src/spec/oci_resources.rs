@@ -21,7 +21,11 @@ pub(super) fn resources_touch(r: &api::LinuxResources) -> bool {
 /// # Errors
 /// [`AdjustError::Invalid`] for values the kernel would reject; `target`
 /// then holds the fields before the offending one.
-pub fn apply_resources(target: &mut LinuxResources, r: &api::LinuxResources, devices: bool) -> Result<(), AdjustError> {
+pub(crate) fn apply_resources(
+    target: &mut LinuxResources,
+    r: &api::LinuxResources,
+    devices: bool,
+) -> Result<(), AdjustError> {
     let old_limit = target.memory().as_ref().and_then(|m| m.limit());
     for f in resources::FIELDS {
         if devices || f.shape != resources::Shape::Rules {
