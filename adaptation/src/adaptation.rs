@@ -9,6 +9,7 @@ use std::{
 
 use futures::future::join_all;
 use nri_proto::api::{self, Event};
+use nri_proto::sync::lock;
 
 use crate::{
     builder::Builtin,
@@ -73,7 +74,7 @@ struct RunState {
 
 impl Inner {
     fn run(&self) -> std::sync::MutexGuard<'_, RunState> {
-        self.run.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.run)
     }
 
     /// Whether [`Adaptation::start`] succeeded and [`Adaptation::stop`] was not called.

@@ -7,6 +7,8 @@ use std::{
     sync::{Arc, Mutex, RwLock},
 };
 
+use nri_proto::sync::{lock, read, write};
+
 use crate::plugin::{Plugin, PluginOrigin};
 
 /// Active plugins and reserved names.
@@ -22,7 +24,7 @@ impl Registry {
     /// The active plugins in invocation order. A request works on this
     /// copy, so plugins joining or leaving meanwhile do not disturb it.
     pub fn snapshot(&self) -> Vec<Arc<Plugin>> {
-        self.plugins.read().unwrap_or_else(|p| p.into_inner()).clone()
+        read(&self.plugins).clone()
     }
 
     /// `IDX-NAME` of the active plugins, in invocation order.
@@ -49,14 +51,14 @@ impl Registry {
     }
 
     fn reserved(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.reserved.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.reserved)
     }
 
     /// Activates a synchronized plugin, and removes it again as soon as
     /// its connection goes away.
     pub fn add(self: &Arc<Self>, p: Arc<Plugin>) {
         {
-            let mut list = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+            let mut list = write(&self.plugins);
             list.push(p.clone());
             // Stable order: index, then name (upstream leaves ties unordered).
             list.sort_by(|a, b| (a.idx.as_str(), a.base.as_str()).cmp(&(b.idx.as_str(), b.base.as_str())));
@@ -74,7 +76,7 @@ impl Registry {
     /// Deactivates `p`, closes it and kills its process (if launched).
     pub async fn remove(&self, p: &Arc<Plugin>) {
         let removed = {
-            let mut list = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+            let mut list = write(&self.plugins);
             let before = list.len();
             list.retain(|q| !Arc::ptr_eq(q, p));
             before != list.len()
@@ -88,6 +90,6 @@ impl Registry {
 
     /// Empties the table (at stop); the caller shuts the plugins down.
     pub fn take_all(&self) -> Vec<Arc<Plugin>> {
-        std::mem::take(&mut *self.plugins.write().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *write(&self.plugins))
     }
 }

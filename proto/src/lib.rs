@@ -72,6 +72,7 @@ pub mod events;
 pub mod mux;
 pub mod naming;
 pub mod plugin;
+pub mod sync;
 
 pub use protobuf;
 pub use ttrpc;

@@ -38,7 +38,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     io,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex},
     task::Waker,
 };
 
@@ -51,6 +51,7 @@ use tokio::{
 };
 
 use self::tasks::{flusher, reader};
+use crate::sync::lock;
 
 mod conn;
 mod shared;
@@ -163,12 +164,6 @@ struct QueueInner {
     waker: Option<Waker>,
     /// Set when the connection or trunk is closed: `None` = EOF, `Some` = error.
     closed: Option<Option<io::Error>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves consistent data (every
-    // critical section is a few field updates), so poisoning is ignored.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Mux {

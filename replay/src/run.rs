@@ -6,6 +6,7 @@ use std::{
 };
 
 use nri_adaptation::{Adaptation, CreateReport, RuntimeState, api, convert, spec};
+use nri_proto::sync::lock;
 use protobuf::{MessageField, MessageFull};
 use serde_json::{Value, json};
 
@@ -39,7 +40,7 @@ pub fn runtime_builder(
         .with_sync_fn(move || {
             let st = s1.clone();
             async move {
-                let st = st.lock().unwrap_or_else(|p| p.into_inner());
+                let st = lock(&st);
                 Ok(RuntimeState {
                     pods: st.pods.values().cloned().collect(),
                     containers: st.containers.values().cloned().collect(),
@@ -49,7 +50,7 @@ pub fn runtime_builder(
         .with_update_fn(move |updates| {
             let st = s2.clone();
             async move {
-                let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+                let mut st = lock(&st);
                 let mut failed = Vec::new();
                 for u in updates {
                     match st.containers.get_mut(&u.container_id) {
@@ -67,7 +68,7 @@ pub fn runtime_builder(
         .with_evict_fn(move |ev| {
             let st = s3.clone();
             async move {
-                let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+                let mut st = lock(&st);
                 st.pending_output
                     .push(json!({"event": "evict", "eviction": to_json(&ev)}));
                 Ok(())
@@ -114,14 +115,10 @@ pub async fn replay(nri: &Adaptation, state: &Arc<Mutex<ReplayState>>, loaded: &
             }
         }
         out.push(line);
-        let pending = std::mem::take(&mut state.lock().unwrap_or_else(|p| p.into_inner()).pending_output);
+        let pending = std::mem::take(&mut lock(state).pending_output);
         out.extend(pending);
     }
     (out, all_ok)
-}
-
-fn lock(state: &Arc<Mutex<ReplayState>>) -> std::sync::MutexGuard<'_, ReplayState> {
-    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn run_step(

@@ -5,9 +5,6 @@
 //! panicking request held must stay usable: its data is still consistent
 //! at every await point and every early return of the code here.
 
-use std::sync::{Mutex, MutexGuard};
-
-/// Locks `m`, taking the guard of a poisoned mutex as it is.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// Locks a mutex, taking the guard of a poisoned one as it is (the
+/// workspace's one helper, [`nri_proto::sync::lock`]).
+pub use nri_proto::sync::lock;

@@ -18,6 +18,7 @@ use nri_proto::{
     mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN},
     naming,
     plugin::PluginAdapter,
+    sync::lock,
     transport,
 };
 use tokio::{net::UnixStream, sync::oneshot};
@@ -132,7 +133,7 @@ impl api_ttrpc::Runtime for RuntimeService {
         // second one cannot slip in while the first is still syncing.
         let verdict = verdict.and_then(|(idx, base)| {
             if self.host.reserve(&idx, &base) {
-                *self.name.lock().unwrap_or_else(|p| p.into_inner()) = format!("{idx}-{base}");
+                *lock(&self.name) = format!("{idx}-{base}");
                 Ok((idx, base))
             } else {
                 Err(format!("plugin {idx}-{base} is already registered"))
@@ -148,7 +149,7 @@ impl api_ttrpc::Runtime for RuntimeService {
             Ok(_) => Ok(api::Empty::new()),
             Err(e) => Err(status(ttrpc::Code::INVALID_ARGUMENT, e.clone())),
         };
-        if let Some(tx) = self.registration.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(tx) = lock(&self.registration).take() {
             let _ = tx.send(verdict);
         }
         result
@@ -162,7 +163,7 @@ impl api_ttrpc::Runtime for RuntimeService {
         if !self.registered.load(Ordering::SeqCst) {
             return Err(status(ttrpc::Code::FAILED_PRECONDITION, "plugin is not registered"));
         }
-        let name = self.name.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let name = lock(&self.name).clone();
         match self.host.update_containers(&name, req.update, req.evict).await {
             Ok(failed) => Ok(api::UpdateContainersResponse {
                 failed,
@@ -216,7 +217,7 @@ impl Plugin {
             mux.close();
             // A name reserved by a registration that raced with this
             // failure must not stay taken.
-            let name = service.name.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let name = lock(&service.name).clone();
             if let Some((idx, base)) = name.split_once('-') {
                 host.release(idx, base);
             }
@@ -266,7 +267,7 @@ impl Plugin {
             }
             None => (idx, base, String::new(), PluginOrigin::External { pid: peer }, None),
         };
-        *service.name.lock().unwrap_or_else(|p| p.into_inner()) = format!("{idx}-{base}");
+        *lock(&service.name) = format!("{idx}-{base}");
         let policy = policy_for(&idx, &base);
 
         let link = TtrpcLink::new(format!("{idx}-{base}"), client, mux, server, params.request_timeout);

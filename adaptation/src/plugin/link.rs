@@ -18,6 +18,7 @@ use nri_proto::{
     events::{EventMask, event_name},
     mux::Mux,
     plugin::{BoxError, PluginAdapter},
+    sync::lock,
 };
 use protobuf::Message;
 use ttrpc::asynchronous::Server;
@@ -128,7 +129,7 @@ impl TtrpcLink {
     }
 
     fn warn_deprecated(&self, event: Event) {
-        let mut warned = self.deprecation_warned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut warned = lock(&self.deprecation_warned);
         if !warned.is_set(event) {
             warned.set(event);
             tracing::warn!(

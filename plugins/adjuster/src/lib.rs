@@ -161,6 +161,7 @@ pub use config::{
     RLIMIT_TYPES, RlimitSpec, Rule,
 };
 pub use merge::{Merged, REMOVE};
+use nri_proto::sync::{read, write};
 pub use nri_stub::api;
 use nri_stub::{BoxError, EventMask, Plugin};
 pub use pattern::{Pattern, PatternError};
@@ -196,7 +197,7 @@ impl Adjuster {
 
     /// The configuration in effect.
     pub fn config(&self) -> Arc<Config> {
-        self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
+        read(&self.config).clone()
     }
 }
 
@@ -206,7 +207,7 @@ impl Plugin for Adjuster {
         if !req.config.trim().is_empty() {
             let cfg = Config::parse(&req.config).map_err(|e| format!("configuration from the runtime: {e}"))?;
             tracing::info!(rules = cfg.rules.len(), "using the configuration from the runtime");
-            *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(cfg);
+            *write(&self.config) = Arc::new(cfg);
         }
         if self.config().rules.is_empty() {
             tracing::warn!("no rules configured: containers are left unchanged");

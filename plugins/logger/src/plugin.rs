@@ -1,13 +1,14 @@
 //! The logger plugin: every event becomes a record in `tracing` and,
 //! optionally, a JSON-lines file.
 
-use std::fs::File;
-use std::io::Write as _;
 use std::{
+    fs::File,
+    io::Write as _,
     path::{Path, PathBuf},
     sync::Mutex,
 };
 
+use nri_proto::sync::lock;
 use nri_stub::{BoxError, EventMask, Plugin, api};
 
 use crate::{
@@ -62,7 +63,7 @@ impl Logger {
                 path: path.to_path_buf(),
                 source,
             })?;
-        *self.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(Sink {
+        *lock(&self.sink) = Some(Sink {
             path: path.to_path_buf(),
             file,
         });
@@ -74,7 +75,7 @@ impl Logger {
     /// fail the request: logging must never break the runtime.
     pub fn record(&self, rec: &Record) {
         tracing::info!("{}", rec.text());
-        let mut sink = self.sink.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sink = lock(&self.sink);
         if let Some(s) = sink.as_mut() {
             let mut line = match serde_json::to_string(rec) {
                 Ok(l) => l,

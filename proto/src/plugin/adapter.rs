@@ -96,7 +96,7 @@ impl PluginAdapter {
     /// The plugin's synchronize error.
     pub async fn synchronize(&self, req: api::SynchronizeRequest) -> Result<api::SynchronizeResponse, BoxError> {
         let (pods, containers) = {
-            let mut collected = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+            let mut collected = crate::sync::lock(&self.sync);
             let acc = collected.get_or_insert_with(Default::default);
             acc.0.extend(req.pods);
             acc.1.extend(req.containers);
