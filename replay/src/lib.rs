@@ -1,6 +1,6 @@
 //! # nri-replay
 //!
-//! Hosts an NRI [`Adaptation`] on a socket, lets real plugins connect (or
+//! Hosts an NRI [`Adaptation`](nri_adaptation::Adaptation) on a socket, lets real plugins connect (or
 //! launches pre-installed ones), then replays a scenario of pod and
 //! container lifecycle steps against them and prints, per step, one JSON
 //! line: what each plugin answered, the merged adjustment and updates, who

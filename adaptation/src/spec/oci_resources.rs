@@ -54,7 +54,8 @@ pub(crate) fn apply_resources(
 /// the fields present in `update` change.
 ///
 /// # Errors
-/// As [`apply_resources`].
+/// [`AdjustError::Invalid`] for a value the kernel would reject; `target`
+/// is then unchanged.
 pub fn update(target: &mut LinuxResources, update: &api::LinuxResources) -> Result<(), AdjustError> {
     let mut out = target.clone();
     apply_resources(&mut out, update, false)?;
@@ -67,7 +68,7 @@ pub fn update(target: &mut LinuxResources, update: &api::LinuxResources) -> Resu
 /// that dereferences them unconditionally cannot crash (NRI #37).
 ///
 /// # Errors
-/// As [`apply_resources`].
+/// [`AdjustError::Invalid`] for a value the kernel would reject.
 pub fn to_oci_resources(r: &api::LinuxResources) -> Result<LinuxResources, AdjustError> {
     let mut out = LinuxResources::default();
     apply_resources(&mut out, r, true)?;
