@@ -162,12 +162,29 @@ pub fn spawn(plugin: &Discovered) -> std::io::Result<(tokio::net::UnixStream, Pl
             Ok(())
         });
     }
-    let child = cmd.spawn()?;
+    let child = spawn_retrying_busy(&mut cmd)?;
     // Our copy of the child's end closes here, once.
     drop(theirs);
     let std_stream = std::os::unix::net::UnixStream::from(ours);
     let stream = tokio::net::UnixStream::from_std(std_stream)?;
     Ok((stream, PluginProcess(child)))
+}
+
+/// Spawns `cmd`, retrying briefly while its executable is busy (ETXTBSY):
+/// a plugin just copied into the plugin directory is busy while any
+/// process forked meanwhile (by this runtime, or the copier) still holds
+/// the copy's write descriptor until it execs.
+fn spawn_retrying_busy(cmd: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ETXTBSY as i32) && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// A launched plugin's process, leader of its own process group. Dropping

@@ -255,7 +255,7 @@ impl ProcessIo {
 
     /// Closes the process's stdin (CloseIO).
     pub fn close_stdin(&self) {
-        self.stdin_writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        crate::sync::lock(&self.stdin_writer).take();
         if let Some(close) = &self.stdin_close {
             // A stored permit: the task sees it even if it is not waiting yet.
             close.notify_one();

@@ -85,12 +85,12 @@ impl Drop for InFlight {
 
 /// Marks `pid` as waited for elsewhere.
 pub fn claim(pid: i32) {
-    CLAIMED.lock().unwrap_or_else(|p| p.into_inner()).push(pid);
+    crate::sync::lock(&CLAIMED).push(pid);
 }
 
 /// Undoes [`claim`] once `pid` has been reaped.
 pub fn release(pid: i32) {
-    CLAIMED.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| *p != pid);
+    crate::sync::lock(&CLAIMED).retain(|p| *p != pid);
 }
 
 /// Reaps zombie children nobody waits for: processes re-parented to the
@@ -102,7 +102,7 @@ pub fn reap_strays() {
     if IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst) > 0 {
         return;
     }
-    let claimed = CLAIMED.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let claimed = crate::sync::lock(&CLAIMED).clone();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return;
     };

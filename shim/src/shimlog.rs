@@ -85,7 +85,7 @@ impl ShimLog {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, File)>> {
-        self.fifos.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.fifos)
     }
 }
 
