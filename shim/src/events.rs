@@ -5,8 +5,14 @@
 //! `/tasks/start` before `/tasks/exit` (containerd #7111, #9719). The
 //! upstream Rust publisher re-queues failed events behind newer ones; this
 //! one does not.
+//!
+//! While containerd is away (restarting), events wait in a queue of at
+//! most [`QUEUE_BOUND`] and the head is retried until containerd answers
+//! again (backoff up to 1 s): an exit that happens while containerd
+//! restarts reaches the new containerd, in order. Only a queue that
+//! overflows loses events, the oldest first, each drop logged.
 
-use std::{sync::Mutex, time::Duration};
+use std::{collections::VecDeque, sync::Mutex, time::Duration};
 
 use containerd_shim_protos::{
     events::task as ev,
@@ -90,42 +96,145 @@ async fn connect(address: &str) -> Option<EventsClient> {
     match ttrpc::asynchronous::Client::connect(&addr).await {
         Ok(c) => Some(EventsClient::new(c)),
         Err(e) => {
-            tracing::warn!(address, error = %e, "cannot connect to containerd's events service");
+            tracing::debug!(address, error = %e, "cannot connect to containerd's events service");
             None
         }
     }
 }
 
+/// Most events kept for containerd while it cannot be reached: about a
+/// minute of a busy node's lifecycle events (each is well under 1 KiB).
+pub const QUEUE_BOUND: usize = 4096;
+
+/// Longest pause between two attempts at the queue's head.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Events not yet delivered, oldest first, at most `bound`.
+pub struct Backlog<T> {
+    items: VecDeque<T>,
+    bound: usize,
+    dropped: u64,
+}
+
+impl<T> Backlog<T> {
+    /// An empty backlog keeping at most `bound` items.
+    pub fn new(bound: usize) -> Backlog<T> {
+        Backlog {
+            items: VecDeque::new(),
+            bound: bound.max(1),
+            dropped: 0,
+        }
+    }
+
+    /// Appends `item`; when full, the oldest item is dropped and returned.
+    pub fn push(&mut self, item: T) -> Option<T> {
+        let dropped = if self.items.len() >= self.bound {
+            self.dropped += 1;
+            self.items.pop_front()
+        } else {
+            None
+        };
+        self.items.push_back(item);
+        dropped
+    }
+
+    /// The oldest item.
+    pub fn front(&self) -> Option<&T> {
+        self.items.front()
+    }
+
+    /// Removes the oldest item (delivered).
+    pub fn pop(&mut self) -> Option<T> {
+        self.items.pop_front()
+    }
+
+    /// Items waiting.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Nothing waiting.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Items dropped because the backlog was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+async fn forward(client: &EventsClient, env: &Envelope) -> Result<(), ttrpc::Error> {
+    let req = ForwardRequest {
+        envelope: protobuf::MessageField::some(env.clone()),
+        ..Default::default()
+    };
+    let mut ctx = ttrpc::context::with_timeout(Duration::from_secs(5).as_nanos() as i64);
+    ctx.add("containerd-namespace-ttrpc".to_string(), env.namespace.clone());
+    client.forward(ctx, &req).await.map(|_| ())
+}
+
+fn take(backlog: &mut Backlog<Envelope>, env: Envelope) {
+    if let Some(old) = backlog.push(env) {
+        tracing::error!(
+            topic = %old.topic,
+            bound = QUEUE_BOUND,
+            dropped = backlog.dropped(),
+            "containerd unreachable and the event queue is full: oldest event dropped"
+        );
+    }
+}
+
 async fn forward_loop(address: String, mut rx: mpsc::UnboundedReceiver<Envelope>) {
     let mut client: Option<EventsClient> = None;
-    while let Some(env) = rx.recv().await {
-        let req = ForwardRequest {
-            envelope: protobuf::MessageField::some(env),
-            ..Default::default()
-        };
-        let mut delivered = false;
-        for attempt in 0..5u32 {
-            if client.is_none() {
-                client = connect(&address).await;
+    let mut backlog = Backlog::new(QUEUE_BOUND);
+    let mut failures = 0u32;
+    loop {
+        if backlog.is_empty() {
+            match rx.recv().await {
+                Some(env) => take(&mut backlog, env),
+                None => return,
             }
-            if let Some(c) = &client {
-                let mut ctx = ttrpc::context::with_timeout(Duration::from_secs(5).as_nanos() as i64);
-                ctx.add("containerd-namespace-ttrpc".to_string(), req.envelope.namespace.clone());
-                match c.forward(ctx, &req).await {
-                    Ok(_) => {
-                        delivered = true;
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(topic = %req.envelope.topic, attempt, error = %e, "forwarding event failed");
-                        client = None;
+        }
+        while let Ok(env) = rx.try_recv() {
+            take(&mut backlog, env);
+        }
+        let Some(env) = backlog.front() else { continue };
+        if client.is_none() {
+            client = connect(&address).await;
+        }
+        let result = match &client {
+            Some(c) => forward(c, env).await.map_err(|e| e.to_string()),
+            None => Err("not connected".to_string()),
+        };
+        match result {
+            Ok(()) => {
+                if failures > 0 {
+                    tracing::info!(topic = %env.topic, attempts = failures + 1, waiting = backlog.len() - 1, "containerd reachable again, event delivered");
+                }
+                failures = 0;
+                backlog.pop();
+            }
+            Err(e) => {
+                client = None;
+                if failures == 0 {
+                    tracing::warn!(topic = %env.topic, error = %e, "forwarding event failed; keeping it (and those after it) until containerd answers");
+                }
+                failures += 1;
+                let pause = Duration::from_millis(50u64 << failures.min(5)).min(MAX_BACKOFF);
+                // Keep taking new events while waiting: the bound applies.
+                let sleep = tokio::time::sleep(pause);
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        _ = &mut sleep => break,
+                        next = rx.recv() => match next {
+                            Some(env) => take(&mut backlog, env),
+                            None => break,
+                        },
                     }
                 }
             }
-            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-        }
-        if !delivered {
-            tracing::error!(topic = %req.envelope.topic, "event dropped after retries");
         }
     }
 }
@@ -195,6 +304,71 @@ impl EventSink for MemorySink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Recorder(Mutex<Vec<u32>>);
+
+    #[async_trait::async_trait]
+    impl containerd_shim_protos::shim_async::Events for Recorder {
+        async fn forward(
+            &self,
+            _ctx: &ttrpc::r#async::TtrpcContext,
+            req: ForwardRequest,
+        ) -> ttrpc::Result<protobuf::well_known_types::empty::Empty> {
+            let m = <ev::TaskStart as protobuf::Message>::parse_from_bytes(&req.envelope.event.value).unwrap();
+            self.0.lock().unwrap().push(m.pid);
+            Ok(Default::default())
+        }
+    }
+
+    #[tokio::test]
+    async fn events_wait_for_containerd_to_come_back_and_arrive_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let sock = d.path().join("containerd.sock.ttrpc");
+        let publisher = RemotePublisher::new(sock.display().to_string());
+        for pid in 1..=3 {
+            let e = ev::TaskStart {
+                container_id: "c1".into(),
+                pid,
+                ..Default::default()
+            };
+            publisher.publish("default", topics::START, Box::new(e));
+        }
+        // containerd is away longer than any fixed number of retries lasts.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let seen = std::sync::Arc::new(Recorder(Mutex::new(Vec::new())));
+        let mut server = ttrpc::asynchronous::Server::new()
+            .bind(&format!("unix://{}", sock.display()))
+            .unwrap()
+            .register_service(containerd_shim_protos::shim_async::create_events(seen.clone()));
+        server.start().await.unwrap();
+        publisher.publish(
+            "default",
+            topics::START,
+            Box::new(ev::TaskStart {
+                pid: 4,
+                ..Default::default()
+            }),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while seen.0.lock().unwrap().len() < 4 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(*seen.0.lock().unwrap(), vec![1, 2, 3, 4]);
+        let _ = server.shutdown().await;
+    }
+
+    #[test]
+    fn backlog_keeps_order_and_drops_the_oldest_beyond_its_bound() {
+        let mut b = Backlog::new(3);
+        for i in 0..3 {
+            assert_eq!(b.push(i), None);
+        }
+        assert_eq!(b.push(3), Some(0));
+        assert_eq!((b.len(), b.dropped()), (3, 1));
+        assert_eq!(b.front(), Some(&1));
+        assert_eq!((b.pop(), b.pop(), b.pop(), b.pop()), (Some(1), Some(2), Some(3), None));
+        assert!(b.is_empty());
+    }
 
     #[test]
     fn any_carries_the_full_type_name() {
