@@ -314,6 +314,25 @@ impl Config {
             .map_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH), PathBuf::from)
     }
 
+    /// `[shim] state_root` as far as it can be read, for `delete` of a task
+    /// without a bundle record: the configured value when the file parses
+    /// (or only that key does: the rest may be mid-edit), else the
+    /// default. Never fails: cleaning up must not depend on the file.
+    pub fn state_root_lenient() -> PathBuf {
+        let default = ShimConfig::default().state_root;
+        let Ok(text) = std::fs::read_to_string(Self::path()) else {
+            return default;
+        };
+        if let Ok(c) = Self::parse(&text, &Self::path()) {
+            return c.shim.state_root;
+        }
+        text.parse::<toml::Table>()
+            .ok()
+            .and_then(|t| t.get("shim")?.get("state_root")?.as_str().map(PathBuf::from))
+            .filter(|p| p.is_absolute())
+            .unwrap_or(default)
+    }
+
     /// Loads one file.
     ///
     /// # Errors

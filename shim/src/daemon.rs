@@ -24,7 +24,7 @@ use crate::{
     bundle::EXIT_STATUS_FILE,
     config::Config,
     events::RemotePublisher,
-    helper,
+    record::TaskRecord,
     runner::HelperRunner,
     service::{Service, short_hash},
     task::{NAMESPACE_HEADER, TaskService},
@@ -45,14 +45,22 @@ fn answers(sock: &Path) -> bool {
 }
 
 /// `start`: prints only the task address (containerd reads stdout and
-/// stderr together as the address), starting the daemon unless it runs.
+/// stderr together as the address), starting the daemon unless it runs,
+/// and leaves the bundle's records (see [`crate::record`]): containerd's
+/// `address` file, read on its restart to reconnect, and the shim's own
+/// record, read by `delete`.
+///
+/// A daemon it starts reports its startup result through a pipe before
+/// it serves: a failure (NRI socket in the way, plugin directory not a
+/// directory, ...) fails `start` at once with the daemon's reason.
 ///
 /// # Errors
-/// When the daemon cannot be started or does not come up within 10 s.
+/// When the daemon cannot be started, reports a failure, or does not come
+/// up within 10 s; when the bundle records cannot be written.
 pub fn start_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
     let sock = socket_path(config, &flags.address);
+    let dir = daemon_dir(config, &flags.address);
     if !answers(&sock) {
-        let dir = daemon_dir(config, &flags.address);
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         // One starter at a time; the loser finds the daemon up.
         let lock = std::fs::File::create(dir.join("start.lock")).context("start lock")?;
@@ -63,89 +71,224 @@ pub fn start_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
                 if answers(&sock) {
                     return Ok(());
                 }
-                spawn_daemon(flags, &dir)?;
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !answers(&sock) {
-                    if Instant::now() > deadline {
-                        bail!(
-                            "nri-shim daemon did not come up within 10s; see {}",
-                            dir.join("shim.log").display()
-                        );
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Ok(())
+                let (child, ready) = spawn_daemon(flags, &dir)?;
+                wait_ready(child, ready, &dir)
             })?;
     }
+    let address = format!("unix://{}", sock.display());
+    let bundle = match &flags.bundle {
+        Some(b) => b.clone(),
+        None => std::env::current_dir().context("bundle (current directory)")?,
+    };
+    TaskRecord {
+        version: crate::record::RECORD_VERSION,
+        namespace: flags.namespace.clone(),
+        id: flags.id.clone(),
+        daemon_dir: dir,
+    }
+    .write(&bundle)?;
+    crate::record::write_address(&bundle, &address)?;
     let mut out = std::io::stdout();
-    write!(out, "unix://{}", sock.display())?;
+    write!(out, "{address}")?;
     out.flush()?;
     Ok(())
 }
 
-fn spawn_daemon(flags: &Flags, dir: &Path) -> anyhow::Result<()> {
+/// How long `start` waits for a new daemon's startup result.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// The daemon's end of the startup pipe (an fd number) in its environment.
+const READY_FD_ENV: &str = "NRI_SHIM_READY_FD";
+/// The fd number the startup pipe has in the daemon.
+const READY_FD: i32 = 3;
+
+fn spawn_daemon(flags: &Flags, dir: &Path) -> anyhow::Result<(std::process::Child, std::fs::File)> {
     let exe = std::env::current_exe().context("own executable")?;
+    let log_path = dir.join("shim.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(dir.join("shim.log"))
-        .context("daemon log")?;
+        .open(&log_path)
+        .with_context(|| format!("open {}", log_path.display()))?;
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("startup pipe")?;
+    let write_fd = std::os::fd::AsRawFd::as_raw_fd(&write);
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["-namespace", &flags.namespace, "-address", &flags.address])
         .args(["-publish-binary", &flags.publish_binary, "-id", &flags.id])
         .arg("daemon")
+        .env(READY_FD_ENV, READY_FD.to_string())
         .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid is async-signal-safe; it detaches the daemon from
-    // containerd's process group and session.
+    // SAFETY: setsid, dup2 and fcntl are async-signal-safe. setsid
+    // detaches the daemon from containerd's process group and session; the
+    // pipe's write end becomes fd 3 without close-on-exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             nix::unistd::setsid()?;
+            if libc::dup2(write_fd, READY_FD) < 0 || libc::fcntl(READY_FD, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
-    cmd.spawn().context("spawn nri-shim daemon")?;
-    Ok(())
+    let child = cmd.spawn().context("spawn nri-shim daemon")?;
+    drop(write);
+    Ok((child, std::fs::File::from(read)))
+}
+
+/// Reads the daemon's startup result: `ok`, or `error: REASON`. End of
+/// file without either means the daemon died before it could tell.
+fn wait_ready(mut child: std::process::Child, mut ready: std::fs::File, dir: &Path) -> anyhow::Result<()> {
+    use std::{io::Read as _, os::fd::AsRawFd as _};
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut got = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!(
+                "nri-shim daemon (pid {}) did not report its startup within {}s; see {}",
+                child.id(),
+                START_TIMEOUT.as_secs(),
+                dir.join("shim.log").display()
+            );
+        }
+        let mut pfd = libc::pollfd {
+            fd: ready.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e).context("poll the startup pipe");
+        }
+        if n == 0 {
+            continue;
+        }
+        let mut buf = [0u8; 4096];
+        match ready.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("read the startup pipe"),
+        }
+        if got.ends_with(b"\n") {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    let text = text.trim();
+    if text == "ok" {
+        return Ok(());
+    }
+    if let Some(reason) = text.strip_prefix("error: ") {
+        bail!("nri-shim daemon failed to start: {reason}");
+    }
+    let status = child
+        .try_wait()
+        .ok()
+        .flatten()
+        .map_or_else(|| "closed its startup pipe".to_string(), |s| format!("exited ({s})"));
+    bail!(
+        "nri-shim daemon {status} before it was ready; see {}",
+        dir.join("shim.log").display()
+    )
+}
+
+/// The daemon's end of the startup pipe: `start` waits on it.
+struct Ready(Option<std::fs::File>);
+
+impl Ready {
+    /// Takes the pipe named in the environment (and removes the variable,
+    /// so no child inherits either).
+    ///
+    /// Must run before any thread exists.
+    fn from_env() -> Ready {
+        use std::os::fd::FromRawFd as _;
+        let fd = std::env::var(READY_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok());
+        // SAFETY: no other thread exists yet (daemon_main runs first).
+        unsafe { std::env::remove_var(READY_FD_ENV) };
+        let Some(fd) = fd.filter(|fd| *fd > 2) else {
+            return Ready(None);
+        };
+        // SAFETY: `start` put the pipe's write end at this number for us;
+        // nothing else in this process owns it. Close-on-exec so helpers
+        // and plugins do not keep `start` waiting.
+        unsafe {
+            if libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
+                return Ready(None);
+            }
+            Ready(Some(std::fs::File::from_raw_fd(fd)))
+        }
+    }
+
+    fn report(&mut self, line: &str) {
+        if let Some(mut f) = self.0.take() {
+            let _ = f.write_all(format!("{}\n", line.replace('\n', " ")).as_bytes());
+        }
+    }
 }
 
 /// `delete`: reports the exit status persisted in the bundle (137 when
 /// none was recorded) as a protobuf `DeleteResponse` on stdout, after
-/// making sure the task is gone: through the daemon if it answers, else by
-/// deleting libcontainer's state (which kills what still runs) here.
+/// making sure the task is gone. The daemon is asked first (a running task
+/// is killed through it); when it is unreachable, fails mid-request, or
+/// does not know the task (a daemon started since), the task is removed
+/// here from the bundle's record (see [`crate::cleanup`]). The shim config
+/// is read only for a bundle without a record, and leniently.
 ///
 /// Must run before any thread is started (it may call libcontainer).
 ///
 /// # Errors
 /// When the response cannot be written.
-pub fn delete_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
+pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
     use containerd_shim_protos::{api::DeleteResponse, protobuf::Message};
     let bundle = flags
         .bundle
         .clone()
         .or_else(|| std::env::current_dir().ok())
         .unwrap_or_default();
-    let sock = socket_path(config, &flags.address);
-    if answers(&sock) {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        if let Err(e) = rt.block_on(delete_through_daemon(&sock, &flags.namespace, &flags.id)) {
-            eprintln!("nri-shim delete {}: {}", flags.id, nri_proto::error_chain(e.as_ref()));
-        }
-    } else {
-        let root = daemon_dir(config, &flags.address).join("containers");
-        if root.join(&flags.id).exists() {
-            let r = helper::run_inline(helper::Request::Delete {
-                id: flags.id.clone(),
-                root,
-                force: true,
-                cgroups_path: None,
-            });
-            if let Err(e) = r.into_result() {
+    let record = match TaskRecord::read(&bundle) {
+        Ok(Some(r)) => r,
+        other => {
+            if let Err(e) = other {
                 eprintln!("nri-shim delete {}: {e}", flags.id);
             }
+            TaskRecord {
+                version: crate::record::RECORD_VERSION,
+                namespace: flags.namespace.clone(),
+                id: flags.id.clone(),
+                daemon_dir: Config::state_root_lenient().join(short_hash(&flags.address)),
+            }
         }
-        let _ = nix::mount::umount2(&bundle.join("rootfs"), nix::mount::MntFlags::MNT_DETACH);
+    };
+    let sock = record.socket();
+    let through_daemon = if answers(&sock) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(delete_through_daemon(&sock, &flags.namespace, &flags.id))
+    } else {
+        Err(anyhow::anyhow!("daemon socket {} does not answer", sock.display()))
+    };
+    match through_daemon {
+        Ok(true) => {}
+        outcome => {
+            if let Err(e) = outcome {
+                eprintln!(
+                    "nri-shim delete {}: {}; cleaning up from {}",
+                    flags.id,
+                    nri_proto::error_chain(e.as_ref()),
+                    bundle.join(crate::record::RECORD_FILE).display()
+                );
+            }
+            for problem in crate::cleanup::clean_up(&record, &bundle) {
+                eprintln!("nri-shim delete {}: {problem}", flags.id);
+            }
+        }
     }
     let exit_status = std::fs::read_to_string(bundle.join(EXIT_STATUS_FILE))
         .ok()
@@ -162,36 +305,86 @@ pub fn delete_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn delete_through_daemon(sock: &Path, ns: &str, id: &str) -> anyhow::Result<()> {
-    use containerd_shim_protos::{api::DeleteRequest, shim_async::TaskClient};
+/// Deletes the task through the daemon: `true` when the daemon deleted
+/// it, `false` when it does not know it. A task still running is killed
+/// first (containerd runs `delete` only for a task it gave up on).
+async fn delete_through_daemon(sock: &Path, ns: &str, id: &str) -> anyhow::Result<bool> {
+    use containerd_shim_protos::{
+        api::{DeleteRequest, KillRequest},
+        shim_async::TaskClient,
+    };
     let client = ttrpc::asynchronous::Client::connect(&format!("unix://{}", sock.display())).await?;
     let task = TaskClient::new(client);
-    let mut ctx = ttrpc::context::with_timeout(Duration::from_secs(30).as_nanos() as i64);
-    ctx.add(NAMESPACE_HEADER.to_string(), ns.to_string());
+    let ctx = || {
+        let mut ctx = ttrpc::context::with_timeout(Duration::from_secs(30).as_nanos() as i64);
+        ctx.add(NAMESPACE_HEADER.to_string(), ns.to_string());
+        ctx
+    };
     let req = DeleteRequest {
         id: id.to_string(),
         ..Default::default()
     };
-    match task.delete(ctx, &req).await {
-        Ok(_) => Ok(()),
-        Err(ttrpc::Error::RpcStatus(s)) if s.code() == ttrpc::Code::NOT_FOUND => Ok(()),
-        Err(e) => Err(e.into()),
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut killed = false;
+    loop {
+        match task.delete(ctx(), &req).await {
+            Ok(_) => return Ok(true),
+            Err(ttrpc::Error::RpcStatus(s)) if s.code() == ttrpc::Code::NOT_FOUND => return Ok(false),
+            Err(ttrpc::Error::RpcStatus(s)) if s.code() == ttrpc::Code::FAILED_PRECONDITION => {
+                if Instant::now() > deadline {
+                    bail!("task {id} still running 10s after SIGKILL: {}", s.message());
+                }
+                if !killed {
+                    let kill = KillRequest {
+                        id: id.to_string(),
+                        signal: libc::SIGKILL as u32,
+                        all: true,
+                        ..Default::default()
+                    };
+                    let _ = task.kill(ctx(), &kill).await;
+                    killed = true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
 /// The daemon: serves the task service on the socket, hosts NRI, exits
 /// after `idle_timeout` with no tasks and no external plugin connected.
+/// Its startup result goes to the `start` that spawned it (see
+/// [`start_action`]) before it serves.
+///
+/// Must run before any thread is started.
 ///
 /// # Errors
-/// Startup failures (config, NRI socket, task socket).
-pub fn daemon_main(flags: &Flags, config: Config) -> anyhow::Result<()> {
+/// Startup failures (config, NRI socket, task socket), already logged.
+pub fn daemon_main(flags: &Flags) -> anyhow::Result<()> {
+    let mut ready = Ready::from_env();
+    let r = daemon_run(flags, &mut ready);
+    if let Err(e) = &r {
+        let reason = nri_proto::error_chain(e.as_ref());
+        // shim.log first (stderr; time-stamped like the tracing lines), so
+        // it names the reason by the time `start` fails.
+        eprintln!(
+            "{} ERROR containerd-shim-nri-shim-v2 daemon: {reason}",
+            humantime::format_rfc3339_micros(std::time::SystemTime::now())
+        );
+        ready.report(&format!("error: {reason}"));
+    }
+    r
+}
+
+fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
+    let config = Config::load()?;
     crate::monitor::set_subreaper().context("become child subreaper")?;
     // One malloc arena: the daemon's work is on one thread; the short-lived
     // blocking-pool threads would otherwise each leave an arena behind.
     // SAFETY: mallopt before any other thread exists.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let dir = daemon_dir(&config, &flags.address);
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     // Targets, not EnvFilter: no regex engine in the resident daemon. The
     // filter was checked when the config was loaded.
     let filter: tracing_subscriber::filter::Targets = config.shim.log_level.parse().unwrap_or_default();
@@ -203,10 +396,10 @@ pub fn daemon_main(flags: &Flags, config: Config) -> anyhow::Result<()> {
         .with(filter)
         .try_init();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(serve(flags, config, dir))
+    rt.block_on(serve(flags, config, dir, ready))
 }
 
-async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()> {
+async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("own executable")?;
     let ttrpc_address = std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Arc::new(RemotePublisher::new(ttrpc_address));
@@ -250,6 +443,7 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf) -> anyhow::Result<()
         .register_service(crate::task::services(task));
     server.start().await.context("start task server")?;
     tracing::info!(socket = %sock.display(), pid = std::process::id(), "nri-shim daemon serving");
+    ready.report("ok");
 
     // Idle exit: no tasks, no task request in flight, no connection or
     // request, and no external NRI plugin, for idle_timeout.

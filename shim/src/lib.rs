@@ -17,6 +17,8 @@
 //! | [`io`] | stdio fifos, files and terminals |
 //! | [`cgroups`] | updates, stats, freeze, pids |
 //! | [`oom`] | OOM kills as they happen |
+//! | [`record`] | what a task's bundle records for containerd's restart and for `delete` |
+//! | [`cleanup`] | `delete` without the daemon |
 //! | [`config`] | `/etc/nri-shim/config.toml` |
 //! | [`events`] | ordered publishing to containerd |
 
@@ -25,6 +27,7 @@
 pub mod args;
 pub mod bundle;
 pub mod cgroups;
+pub mod cleanup;
 pub mod config;
 pub mod daemon;
 pub mod error;
@@ -34,6 +37,7 @@ pub mod io;
 pub mod monitor;
 pub mod nri;
 pub mod oom;
+pub mod record;
 pub mod runner;
 pub mod service;
 pub mod shimlog;
@@ -62,27 +66,28 @@ pub fn main() {
         print!("{}", args::USAGE);
         return;
     }
-    let config = match config::Config::load() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("containerd-shim-nri-shim-v2: {e}");
-            std::process::exit(1);
-        }
-    };
+    // `delete` must clean up whatever the config file holds (an operator
+    // mid-edit): it reads the bundle's record instead; the daemon loads
+    // the file itself and reports a failure to the `start` waiting on it.
     let result = match flags.action.as_str() {
-        "start" => daemon::start_action(&flags, &config),
-        "delete" => daemon::delete_action(&flags, &config),
-        "daemon" => daemon::daemon_main(&flags, config),
+        "start" => config::Config::load()
+            .map_err(anyhow::Error::from)
+            .and_then(|c| daemon::start_action(&flags, &c)),
+        "delete" => daemon::delete_action(&flags),
+        "daemon" => daemon::daemon_main(&flags),
         "" => Err(anyhow::anyhow!("no action given (start, delete)")),
         other => Err(anyhow::anyhow!("unknown action {other:?} (start, delete)")),
     };
     if let Err(e) = result {
-        // The chain without repeats: our errors name their cause too.
-        eprintln!(
-            "containerd-shim-nri-shim-v2 {}: {}",
-            flags.action,
-            nri_proto::error_chain(e.as_ref())
-        );
+        // The chain without repeats: our errors name their cause too. (The
+        // daemon logged its own, time-stamped, in its shim.log.)
+        if flags.action != "daemon" {
+            eprintln!(
+                "containerd-shim-nri-shim-v2 {}: {}",
+                flags.action,
+                nri_proto::error_chain(e.as_ref())
+            );
+        }
         std::process::exit(1);
     }
 }
