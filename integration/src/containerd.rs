@@ -164,19 +164,7 @@ log_level = "debug"
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(t.join("containerd.log")).unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(t.join("config.toml"))
-            .current_dir(t)
-            .env("PATH", path)
-            .env("NRI_SHIM_CONFIG", t.join("shim.toml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start containerd");
+        let child = spawn_containerd(t);
         let c = Containerd {
             sock,
             rootfs,
@@ -187,14 +175,96 @@ log_level = "debug"
             child,
             dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !c.ctr(&["version"]).status.success() {
-            assert!(Instant::now() < deadline, "containerd did not start: {}", c.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        c.wait_up();
         c
     }
+}
 
+/// Starts (or starts again) the containerd of `dir`: same config, root,
+/// state and environment; its log is appended to.
+fn spawn_containerd(t: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(t.join("containerd.log"))
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        t.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("containerd")
+        .arg("--config")
+        .arg(t.join("config.toml"))
+        .current_dir(t)
+        .env("PATH", path)
+        .env("NRI_SHIM_CONFIG", t.join("shim.toml"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start containerd")
+}
+
+impl Containerd {
+    /// Waits until containerd answers (20 s deadline).
+    fn wait_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.ctr(&["version"]).status.success() {
+            assert!(Instant::now() < deadline, "containerd did not start: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops containerd with SIGTERM and waits for it to exit (shims and
+    /// containers keep running, as with systemd's `KillMode=process`).
+    ///
+    /// # Panics
+    /// If it has not exited after 20 s.
+    pub fn stop(&mut self) {
+        use nix::{sys::signal::Signal, unistd::Pid};
+        let _ = nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().expect("wait containerd").is_none() {
+            assert!(Instant::now() < deadline, "containerd ignored SIGTERM for 20s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts containerd again after [`Containerd::stop`], with the same
+    /// config, root and state, and waits until it answers.
+    pub fn start_again(&mut self) {
+        self.child = spawn_containerd(self.dir.path());
+        self.wait_up();
+    }
+
+    /// [`Containerd::stop`], `down` with no containerd, [`Containerd::start_again`].
+    pub fn restart(&mut self, down: Duration) {
+        self.stop();
+        std::thread::sleep(down);
+        self.start_again();
+    }
+
+    /// The shim config file (`$NRI_SHIM_CONFIG` of containerd and the shim).
+    pub fn shim_config(&self) -> PathBuf {
+        self.dir.path().join("shim.toml")
+    }
+
+    /// `ctr run --fifo-dir F --runtime RUNTIME FLAGS --rootfs ROOTFS ID CMD...`
+    /// with any runtime (e.g. `io.containerd.runc.v2` to compare).
+    pub fn run_with(&self, runtime: &str, id: &str, flags: &[&str], cmd: &[&str]) -> Output {
+        let fifo = self.dir.path().join("fifo");
+        let mut args: Vec<String> = vec!["run".into(), "--fifo-dir".into(), fifo.display().to_string()];
+        args.extend(["--runtime".into(), runtime.into()]);
+        args.extend(flags.iter().map(|s| s.to_string()));
+        args.extend(["--rootfs".into(), self.rootfs.display().to_string(), id.into()]);
+        args.extend(cmd.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ctr(&refs)
+    }
+}
+
+impl Containerd {
     /// containerd's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
@@ -251,14 +321,7 @@ log_level = "debug"
     /// `ctr run --fifo-dir F --runtime io.containerd.nri-shim.v2 FLAGS --rootfs ROOTFS ID CMD...`
     /// (flags before `--rootfs`: ctr stops at the first positional).
     pub fn run(&self, id: &str, flags: &[&str], cmd: &[&str]) -> Output {
-        let fifo = self.dir.path().join("fifo");
-        let mut args: Vec<String> = vec!["run".into(), "--fifo-dir".into(), fifo.display().to_string()];
-        args.extend(["--runtime".into(), RUNTIME.into()]);
-        args.extend(flags.iter().map(|s| s.to_string()));
-        args.extend(["--rootfs".into(), self.rootfs.display().to_string(), id.into()]);
-        args.extend(cmd.iter().map(|s| s.to_string()));
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.ctr(&refs)
+        self.run_with(RUNTIME, id, flags, cmd)
     }
 
     /// The bundle of task `id` in namespace `default`.
@@ -326,15 +389,30 @@ log_level = "debug"
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        // Remove leftover tasks, then stop containerd and the shim daemon.
-        let tasks = String::from_utf8_lossy(&self.ctr(&["t", "ls", "-q"]).stdout).into_owned();
-        for id in tasks.lines() {
-            let _ = self.ctr(&["t", "kill", "-s", "SIGKILL", id]);
-            let _ = self.ctr(&["t", "rm", "-f", id]);
+        // Remove leftover tasks (of every namespace), then stop containerd
+        // and the shim daemon.
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            // Stopped by the test (which failed before starting it again).
+            self.child = spawn_containerd(self.dir.path());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !self.ctr(&["version"]).status.success() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
-        let containers = String::from_utf8_lossy(&self.ctr(&["c", "ls", "-q"]).stdout).into_owned();
-        for id in containers.lines() {
-            let _ = self.ctr(&["c", "rm", id]);
+        let namespaces = String::from_utf8_lossy(&self.ctr(&["ns", "ls", "-q"]).stdout).into_owned();
+        for ns in namespaces.lines() {
+            let ctr = |args: &[&str]| {
+                let mut a = vec!["-n", ns];
+                a.extend(args);
+                String::from_utf8_lossy(&self.ctr(&a).stdout).into_owned()
+            };
+            for id in ctr(&["t", "ls", "-q"]).lines() {
+                ctr(&["t", "kill", "-s", "SIGKILL", id]);
+                ctr(&["t", "rm", "-f", id]);
+            }
+            for id in ctr(&["c", "ls", "-q"]).lines() {
+                ctr(&["c", "rm", id]);
+            }
         }
         use nix::{sys::signal::Signal, unistd::Pid};
         if let Some(pid) = self.shim_daemon_pid() {
@@ -342,9 +420,11 @@ impl Drop for Containerd {
         }
         let _ = nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
         let _ = self.child.wait();
-        // Empty parent cgroups containerd created (`/default`).
+        // Empty parent cgroups containerd created (`/default`, one per namespace).
         for ctl in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
-            let _ = std::fs::remove_dir(ctl.path().join("default"));
+            for ns in namespaces.lines() {
+                let _ = std::fs::remove_dir(ctl.path().join(ns));
+            }
         }
     }
 }
