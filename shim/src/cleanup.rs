@@ -1,7 +1,10 @@
 //! `delete` without the daemon: removes a task from what is on disk, for
 //! when the daemon is gone, or died in the middle of the request.
 //!
-//! In order: every process in the container's cgroup is SIGKILLed until
+//! In order: the container's [`CreateLock`] is taken (a helper of a killed
+//! daemon may still be inside libcontainer's create; the container would
+//! appear after the cleanup otherwise), every process in the container's
+//! cgroup is SIGKILLed until
 //! the cgroup is empty (the init was the daemon's child and is now
 //! init's; a container may have forked), libcontainer's state is deleted
 //! (which removes the cgroups it created), the cgroups are removed
@@ -13,6 +16,8 @@
 //! Must run before any thread is started (it runs libcontainer here).
 
 use std::{
+    fs::File,
+    os::fd::AsRawFd as _,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -62,11 +67,74 @@ pub enum CleanupError {
 
 /// How long the cleanup waits for the cgroup's processes to die.
 const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the cleanup waits for a create in progress.
+const CREATE_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serialises libcontainer's create of a container with its cleanup: the
+/// helper holds it while it creates, [`clean_up`] takes it before it
+/// looks, so a helper orphaned by a killed daemon finishes (or dies)
+/// first. A POSIX record lock: a forked container init does not inherit
+/// it, and it goes away with the process that holds it. The holder removes
+/// the file before releasing it, so none accumulate.
+pub struct CreateLock {
+    path: PathBuf,
+    _file: File,
+}
+
+impl CreateLock {
+    /// The lock file of container `id` whose libcontainer state root is `root`.
+    pub fn path(root: &Path, id: &str) -> PathBuf {
+        root.parent().unwrap_or(root).join("create-locks").join(id)
+    }
+
+    /// Takes the lock, waiting at most `timeout`; `None` when it cannot be
+    /// taken (best effort: the caller proceeds without it).
+    pub fn acquire(root: &Path, id: &str, timeout: Duration) -> Option<CreateLock> {
+        let path = Self::path(root, id);
+        std::fs::create_dir_all(path.parent()?).ok()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .ok()?;
+            let lock = libc::flock {
+                l_type: libc::F_WRLCK as i16,
+                l_whence: libc::SEEK_SET as i16,
+                l_start: 0,
+                l_len: 0,
+                l_pid: 0,
+            };
+            // SAFETY: a valid fd and flock struct.
+            if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) } == 0 {
+                // The holder before us may have removed the file we locked.
+                if std::fs::metadata(&path).is_ok() {
+                    return Some(CreateLock { path, _file: file });
+                }
+                continue;
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for CreateLock {
+    fn drop(&mut self) {
+        // Removed while held; closing the file then releases the lock.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 /// What could not be cleaned up; empty when everything is gone.
 pub fn clean_up(record: &TaskRecord, bundle: &Path) -> Vec<CleanupError> {
     let mut problems = Vec::new();
     let id = record.id.as_str();
+    let _create = CreateLock::acquire(&record.libcontainer_root(), id, CREATE_LOCK_TIMEOUT);
     let cgroups_path = crate::record::cgroups_path(bundle).filter(|p| own_cgroup(p));
     if let Some(path) = &cgroups_path
         && let Err(e) = kill_cgroup(path, id)
@@ -158,6 +226,45 @@ fn remove_cgroup(path: &Path, id: &str) -> Result<(), CleanupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_create_lock_excludes_another_process_and_leaves_no_file() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("containers");
+        let lock = CreateLock::acquire(&root, "c1", Duration::ZERO).expect("lock");
+        let path = CreateLock::path(&root, "c1");
+        assert!(path.exists());
+        // POSIX locks are per process: another process sees it held.
+        assert!(held_elsewhere(&path));
+        drop(lock);
+        assert!(!path.exists());
+        let again = CreateLock::acquire(&root, "c1", Duration::ZERO).expect("free again");
+        drop(again);
+    }
+
+    /// Whether a child process finds `path` write-locked (F_GETLK).
+    fn held_elsewhere(path: &Path) -> bool {
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        // SAFETY: the child only calls fcntl and _exit.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let mut l = libc::flock {
+                    l_type: libc::F_WRLCK as i16,
+                    l_whence: libc::SEEK_SET as i16,
+                    l_start: 0,
+                    l_len: 0,
+                    l_pid: 0,
+                };
+                // SAFETY: valid fd and struct.
+                let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut l) };
+                unsafe { libc::_exit(i32::from(r == 0 && l.l_type != libc::F_UNLCK as i16)) }
+            }
+            nix::unistd::ForkResult::Parent { child } => matches!(
+                nix::sys::wait::waitpid(child, None).unwrap(),
+                nix::sys::wait::WaitStatus::Exited(_, 1)
+            ),
+        }
+    }
 
     #[test]
     fn only_a_containers_own_cgroup_is_emptied() {

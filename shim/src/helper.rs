@@ -181,6 +181,9 @@ fn run(req: Request) -> Response {
             root,
             console_socket,
         } => {
+            // Held until the container exists: `delete` without a daemon
+            // waits for it (see cleanup::CreateLock).
+            let _lock = crate::cleanup::CreateLock::acquire(&root, &id, std::time::Duration::from_secs(10));
             // A spec that does not load is libcontainer's to report.
             if let Ok(spec) = oci_spec::runtime::Spec::load(bundle.join("config.json"))
                 && let Err(e) = crate::bundle::check_rootfs(&bundle, &spec)
