@@ -6,6 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+. scripts/lib/env.sh
+# The integration crate's CRI client (k8s-cri) runs `protoc` at build time.
+nri_need_packages protobuf-compiler
+
 cargo build --release --locked -p nri-replay -p integration
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT

@@ -8,5 +8,10 @@ cd "$(dirname "$0")/.."
 # containerd and busybox-static: the end-to-end tests run a real containerd
 # with busybox containers; libseccomp-dev: libcontainer links libseccomp.
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static
+# The CRI lane (integration/tests/cri.rs): runc, the reference handler next to
+# nri-shim; containernetworking-plugins (bridge, host-local, loopback) for pod
+# networks; iproute2 (`ip`: the lane picks a free subnet, removes its bridge);
+# protobuf-compiler: the k8s-cri crate's build runs `protoc`.
+nri_need_packages runc containernetworking-plugins iproute2 protobuf-compiler
 
 cargo test --workspace --locked

@@ -17,6 +17,8 @@ use std::{
 use nri_adaptation::{Adaptation, AdaptationBuilder, RuntimeState, api};
 
 pub mod containerd;
+// containerd with CRI and two runtime handlers, a CRI client (the CRI lane).
+pub mod cri;
 use serde::{Deserialize, Serialize};
 
 pub mod raw;

@@ -1,0 +1,842 @@
+//! The CRI lane's harness: Debian's containerd with its CRI plugin enabled,
+//! everything private (config, root, state, sockets, CNI conf dir, IPAM
+//! data, the shim's NRI socket and plugins), two runtime handlers on the
+//! same containerd (`runc`: Debian's runc through `io.containerd.runc.v2`;
+//! `nri-shim`: this workspace's shim), and a CRI v1 gRPC client
+//! (`k8s-cri`) as kubelet would use it.
+//!
+//! No registry: one single-layer OCI image tarball (busybox-static's
+//! applets, [`BUSYBOX`], and a pause image on the same layer, [`PAUSE`],
+//! whose process is `sleep`) is built here and imported with
+//! `ctr -n k8s.io images import`; `sandbox_image` names the pause image.
+//! Pod networking is Debian's `containernetworking-plugins` (bridge +
+//! host-local; CRI adds loopback) on a private bridge and subnet, without
+//! masquerading or port maps: nothing leaves the machine, no iptables rule
+//! is written. Pods get `cgroup_parent` under [`Cri::cgroup_root`]
+//! (cgroupfs), so a container's cgroup is `<root>/<pod uid>/<container id>`
+//! in every v1 controller.
+//!
+//! A test binary shares one containerd ([`shared`]); it is torn down when
+//! the binary exits (an `atexit` hook: pods, tasks, containerd, the shim
+//! daemon, the bridge, cgroups, mounts, the temp dir). Needs root; a
+//! missing prerequisite fails naming the Debian package.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::{Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use api::{image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient};
+pub use k8s_cri::v1 as api;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::containerd::{busybox_rootfs, workspace_bin};
+
+/// The runtime handlers every behaviour runs with: the reference first.
+pub const HANDLERS: [&str; 2] = ["runc", "nri-shim"];
+/// The busybox image (`/bin/sh` by default).
+pub const BUSYBOX: &str = "localhost/nri-lane/busybox:1";
+/// The pause image `sandbox_image` names: busybox's `sleep`.
+pub const PAUSE: &str = "localhost/nri-lane/pause:1";
+/// The pause image's process, as `/proc/1/cmdline` shows it (NULs as spaces).
+pub const PAUSE_CMDLINE: &str = "/bin/sleep 2147483647 ";
+/// Pods in this namespace get the lane's NRI adjustment (see [`NRI_ENV`]).
+pub const NRI_NAMESPACE: &str = "nri-lane-nri";
+/// The env var (name, value) the pre-installed `nri-adjuster` adds to
+/// containers of pods in [`NRI_NAMESPACE`].
+pub const NRI_ENV: (&str, &str) = ("NRI_LANE_VAR", "from-nri-adjuster");
+
+/// Deadline of every CRI request.
+const RPC_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn require(cmd: &str, package: &str) {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "`{cmd}` not found: apt-get install {package} (scripts/test.sh installs it)"
+    );
+}
+
+fn require_file(path: &str, package: &str) {
+    assert!(
+        Path::new(path).exists(),
+        "{path} is missing: apt-get install {package} (scripts/test.sh installs it)"
+    );
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.stdin(Stdio::null()).output().expect("run command");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn sha256(path: &Path) -> String {
+    let out = run(Command::new("sha256sum").arg(path));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("sha256sum output")
+        .to_string()
+}
+
+/// Writes `bytes` as a blob of the OCI layout `oci`; returns its descriptor.
+fn blob(oci: &Path, media_type: &str, bytes: &[u8]) -> serde_json::Value {
+    let tmp = oci.join("blob.tmp");
+    std::fs::write(&tmp, bytes).unwrap();
+    let digest = sha256(&tmp);
+    std::fs::rename(&tmp, oci.join("blobs/sha256").join(&digest)).unwrap();
+    serde_json::json!({ "mediaType": media_type, "digest": format!("sha256:{digest}"), "size": bytes.len() })
+}
+
+/// Builds `dir/images.tar`: an OCI image layout holding [`BUSYBOX`] and
+/// [`PAUSE`], one uncompressed layer shared by both.
+pub fn build_images(dir: &Path) -> PathBuf {
+    require("tar", "tar");
+    require("sha256sum", "coreutils");
+    let layer_dir = dir.join("layer");
+    busybox_rootfs(&layer_dir);
+    let oci = dir.join("oci");
+    std::fs::create_dir_all(oci.join("blobs/sha256")).unwrap();
+    let layer_tar = dir.join("layer.tar");
+    run(Command::new("tar")
+        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+        .arg(&layer_dir)
+        .arg("-cf")
+        .arg(&layer_tar)
+        .arg("."));
+    let layer = blob(
+        &oci,
+        "application/vnd.oci.image.layer.v1.tar",
+        &std::fs::read(&layer_tar).unwrap(),
+    );
+    let mut manifests = Vec::new();
+    for (name, cmd) in [(BUSYBOX, vec!["/bin/sh"]), (PAUSE, vec!["/bin/sleep", "2147483647"])] {
+        let config = serde_json::json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Cmd": cmd,
+            },
+            "rootfs": { "type": "layers", "diff_ids": [layer["digest"]] },
+        });
+        let config = blob(
+            &oci,
+            "application/vnd.oci.image.config.v1+json",
+            &serde_json::to_vec(&config).unwrap(),
+        );
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": config,
+            "layers": [layer],
+        });
+        let mut desc = blob(
+            &oci,
+            "application/vnd.oci.image.manifest.v1+json",
+            &serde_json::to_vec(&manifest).unwrap(),
+        );
+        desc["platform"] = serde_json::json!({ "architecture": "amd64", "os": "linux" });
+        desc["annotations"] = serde_json::json!({
+            "io.containerd.image.name": name,
+            "org.opencontainers.image.ref.name": name.rsplit(':').next().unwrap(),
+        });
+        manifests.push(desc);
+    }
+    let index = serde_json::json!({ "schemaVersion": 2, "manifests": manifests });
+    std::fs::write(oci.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(oci.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let tar = dir.join("images.tar");
+    run(Command::new("tar").arg("-C").arg(&oci).arg("-cf").arg(&tar).arg("."));
+    tar
+}
+
+/// A bridge name and a /24 no route of this machine uses yet.
+fn pick_network() -> (String, String) {
+    let routes = run(Command::new("ip").args(["-4", "route", "show", "table", "all"]));
+    let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
+    let pid = std::process::id();
+    for i in 0..256u32 {
+        let octet = (pid + i) % 250 + 1;
+        let prefix = format!("10.213.{octet}.");
+        if !routes.contains(&prefix) {
+            return (format!("nricri{}", (pid + i) % 100_000), format!("{prefix}0/24"));
+        }
+    }
+    panic!("no free 10.213.x.0/24 subnet for the CRI lane's bridge:\n{routes}");
+}
+
+/// What to set up before containerd starts.
+#[derive(Default)]
+pub struct CriSetup<'a> {
+    /// Pre-installed NRI plugins of the shim: (file name, binary, drop-in config text).
+    pub plugins: Vec<(&'a str, PathBuf, String)>,
+}
+
+/// A running private containerd with CRI and the two handlers.
+pub struct Cri {
+    /// Everything lives here (removed by [`Cri::teardown`]).
+    pub dir: PathBuf,
+    /// containerd's socket: CRI gRPC and `ctr -a`.
+    pub sock: PathBuf,
+    /// The cgroup (relative to each v1 controller's root) pods are put under.
+    pub cgroup_root: String,
+    /// The pod network's subnet.
+    pub subnet: String,
+    /// The pod network's bridge.
+    pub bridge: String,
+    /// The shim daemon's state root.
+    pub shim_state: PathBuf,
+    child: Mutex<Option<Child>>,
+    _tmp: Mutex<Option<tempfile::TempDir>>,
+}
+
+impl Cri {
+    /// Builds and imports the images, writes the configs and starts
+    /// containerd; waits until CRI answers and sees both images.
+    pub fn start(setup: CriSetup<'_>) -> Cri {
+        require("containerd", "containerd");
+        require("ctr", "containerd");
+        require("runc", "runc");
+        require("containerd-shim-runc-v2", "containerd");
+        require("ip", "iproute2");
+        for p in ["bridge", "host-local", "loopback"] {
+            require_file(&format!("/usr/lib/cni/{p}"), "containernetworking-plugins");
+        }
+        let tmp = tempfile::Builder::new().prefix("nri-cri-").tempdir().unwrap();
+        let t = tmp.path().to_path_buf();
+        let bin = t.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(
+            workspace_bin("containerd-shim-nri-shim-v2"),
+            bin.join("containerd-shim-nri-shim-v2"),
+        )
+        .unwrap();
+        let (plugin_dir, conf_dir) = (t.join("nri/plugins"), t.join("nri/conf.d"));
+        std::fs::create_dir_all(&plugin_dir).unwrap();
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        for (name, binary, conf) in &setup.plugins {
+            std::fs::copy(binary, plugin_dir.join(name)).unwrap();
+            if !conf.is_empty() {
+                std::fs::write(conf_dir.join(format!("{name}.conf")), conf).unwrap();
+            }
+        }
+        let (bridge, subnet) = pick_network();
+        let cni_conf = t.join("cni/net.d");
+        std::fs::create_dir_all(&cni_conf).unwrap();
+        let conflist = serde_json::json!({
+            "cniVersion": "0.4.0",
+            "name": "nri-cri-lane",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": subnet }]],
+                    "dataDir": t.join("cni/ipam"),
+                },
+            }],
+        });
+        std::fs::write(
+            cni_conf.join("10-nri-cri-lane.conflist"),
+            serde_json::to_vec_pretty(&conflist).unwrap(),
+        )
+        .unwrap();
+        let sock = t.join("containerd.sock");
+        let shim_state = t.join("shim-state");
+        std::fs::write(
+            t.join("config.toml"),
+            format!(
+                r#"version = 2
+root = "{t}/root"
+state = "{t}/state"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  level = "debug"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{t}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nri-shim]
+      runtime_type = "io.containerd.nri-shim.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni_conf}"
+    max_conf_num = 1
+"#,
+                t = t.display(),
+                sock = sock.display(),
+                cni_conf = cni_conf.display(),
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            t.join("shim.toml"),
+            format!(
+                r#"[nri]
+socket_path = "{t}/nri/nri.sock"
+plugin_path = "{plugins}"
+plugin_config_path = "{conf}"
+[shim]
+state_root = "{state}"
+idle_timeout = "5s"
+log_level = "debug"
+"#,
+                t = t.display(),
+                plugins = plugin_dir.display(),
+                conf = conf_dir.display(),
+                state = shim_state.display(),
+            ),
+        )
+        .unwrap();
+        let images = build_images(&t.join("images"));
+        let log = std::fs::File::create(t.join("containerd.log")).unwrap();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(t.join("config.toml"))
+            .current_dir(&t)
+            .env("PATH", path)
+            .env("NRI_SHIM_CONFIG", t.join("shim.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let cri = Cri {
+            dir: t.clone(),
+            sock,
+            cgroup_root: format!("/nri-cri-lane-{}", std::process::id()),
+            subnet,
+            bridge,
+            shim_state,
+            child: Mutex::new(Some(child)),
+            _tmp: Mutex::new(Some(tmp)),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cri.ctr(&["version"]).status.success() {
+            assert!(Instant::now() < deadline, "containerd did not start: {}", cri.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = cri.ctr(&["-n", "k8s.io", "images", "import", &images.display().to_string()]);
+        assert!(
+            out.status.success(),
+            "ctr images import: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // CRI learns of imported images through events: wait until it sees both.
+        block_on(async {
+            let mut c = cri.client().await;
+            for image in [BUSYBOX, PAUSE] {
+                loop {
+                    let st = c
+                        .img
+                        .image_status(api::ImageStatusRequest {
+                            image: Some(api::ImageSpec {
+                                image: image.into(),
+                                ..Default::default()
+                            }),
+                            verbose: false,
+                        })
+                        .await;
+                    if matches!(&st, Ok(r) if r.get_ref().image.is_some()) {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "CRI does not see {image} after the import: {st:?}\n{}",
+                        cri.log()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+        cri
+    }
+
+    /// A CRI client on containerd's socket (create it in the runtime that uses it).
+    pub async fn client(&self) -> Client {
+        let path = self.sock.clone();
+        let channel = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .timeout(RPC_TIMEOUT)
+            .connect_timeout(Duration::from_secs(10))
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .expect("connect to containerd's CRI socket");
+        Client {
+            rt: RuntimeServiceClient::new(channel.clone()),
+            img: ImageServiceClient::new(channel),
+        }
+    }
+
+    /// `ctr -a <sock> args...`.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("-a")
+            .arg(&self.sock)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ctr")
+    }
+
+    /// containerd's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
+    /// The last `n` lines of containerd's log and of the shim daemon's log.
+    pub fn logs_tail(&self, n: usize) -> String {
+        let tail = |s: String| {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        };
+        let mut shim = String::new();
+        for d in std::fs::read_dir(&self.shim_state).into_iter().flatten().flatten() {
+            shim.push_str(&std::fs::read_to_string(d.path().join("shim.log")).unwrap_or_default());
+        }
+        format!(
+            "--- containerd.log (tail) ---\n{}\n--- shim.log (tail) ---\n{}",
+            tail(self.log()),
+            tail(shim)
+        )
+    }
+
+    /// A pod config for `handler`: unique name and uid, a log directory,
+    /// `cgroup_parent` under [`Cri::cgroup_root`]; `f` edits it.
+    pub fn pod_config(
+        &self,
+        name: &str,
+        namespace: &str,
+        handler: &str,
+        f: impl FnOnce(&mut api::PodSandboxConfig),
+    ) -> api::PodSandboxConfig {
+        let uid = format!("{name}-{handler}-{}", std::process::id());
+        let log_directory = self.dir.join("pod-logs").join(&uid);
+        std::fs::create_dir_all(&log_directory).unwrap();
+        let mut cfg = api::PodSandboxConfig {
+            metadata: Some(api::PodSandboxMetadata {
+                name: format!("{name}-{handler}"),
+                uid: uid.clone(),
+                namespace: namespace.into(),
+                attempt: 0,
+            }),
+            hostname: name.chars().take(63).collect(),
+            log_directory: log_directory.display().to_string(),
+            linux: Some(api::LinuxPodSandboxConfig {
+                cgroup_parent: format!("{}/{uid}", self.cgroup_root),
+                // kubelet's defaults: pod network and IPC, a PID namespace per container.
+                security_context: Some(api::LinuxSandboxSecurityContext {
+                    namespace_options: Some(api::NamespaceOption {
+                        network: api::NamespaceMode::Pod as i32,
+                        pid: api::NamespaceMode::Container as i32,
+                        ipc: api::NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        f(&mut cfg);
+        cfg
+    }
+
+    /// The host path of a v1 controller's file of container `id` in the pod
+    /// `pod` (cgroupfs: `<cgroup_parent>/<id>`).
+    pub fn cgroup_file(&self, pod: &api::PodSandboxConfig, id: &str, controller: &str, file: &str) -> PathBuf {
+        let parent = &pod.linux.as_ref().unwrap().cgroup_parent;
+        Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(parent.trim_start_matches('/'))
+            .join(id)
+            .join(file)
+    }
+
+    /// Stops and removes every pod, then containerd, the shim daemon, the
+    /// bridge, the lane's cgroups and the temp dir. Idempotent.
+    pub fn teardown(&self) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        block_on(async {
+            let _ = tokio::time::timeout(Duration::from_secs(60), async {
+                let mut c = self.client().await;
+                let pods =
+                    c.rt.list_pod_sandbox(api::ListPodSandboxRequest::default())
+                        .await
+                        .map(|r| r.into_inner().items)
+                        .unwrap_or_default();
+                for p in pods {
+                    let _ =
+                        c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+                            pod_sandbox_id: p.id.clone(),
+                        })
+                        .await;
+                    let _ =
+                        c.rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: p.id })
+                            .await;
+                }
+            })
+            .await;
+        });
+        let tasks = String::from_utf8_lossy(&self.ctr(&["-n", "k8s.io", "t", "ls", "-q"]).stdout).into_owned();
+        for id in tasks.lines() {
+            let _ = self.ctr(&["-n", "k8s.io", "t", "kill", "-s", "SIGKILL", id]);
+            let _ = self.ctr(&["-n", "k8s.io", "t", "rm", "-f", id]);
+        }
+        use nix::{sys::signal::Signal, unistd::Pid};
+        let needle = format!("-address {}", self.sock.display());
+        for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains("containerd-shim-nri-shim-v2") && cmd.contains(&needle) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .stderr(Stdio::null())
+            .status();
+        // The lane's cgroups, deepest first, in every v1 controller.
+        for ctl in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            remove_cgroup_tree(&ctl.path().join(self.cgroup_root.trim_start_matches('/')));
+        }
+        // Mounts left under the temp dir (deepest first) before removing it.
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = self.dir.display().to_string();
+        let mut mounts: Vec<&str> = mountinfo
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", m]).stderr(Stdio::null()).status();
+        }
+        drop(self._tmp.lock().unwrap().take());
+    }
+}
+
+impl Drop for Cri {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// Runs `f` to completion on a runtime of its own, in a thread of its own
+/// (callers may be inside a test's runtime, or in an `atexit` hook).
+fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
+where
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime")
+                .block_on(f)
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+static SHARED: OnceLock<Cri> = OnceLock::new();
+
+extern "C" fn teardown_shared() {
+    if let Some(c) = SHARED.get() {
+        c.teardown();
+    }
+}
+
+/// The lane's containerd, shared by the tests of one test binary: started
+/// on first use with `nri-adjuster` pre-installed in the shim (adds
+/// [`NRI_ENV`] to containers of pods in [`NRI_NAMESPACE`]), torn down when
+/// the binary exits.
+pub fn shared() -> &'static Cri {
+    SHARED.get_or_init(|| {
+        let rule = format!(
+            "[[rule]]\nname = \"cri-lane\"\n[rule.match]\npod_namespace = \"{NRI_NAMESPACE}\"\n[rule.adjust]\nenv = {{ {} = \"{}\" }}\n",
+            NRI_ENV.0, NRI_ENV.1
+        );
+        let cri = Cri::start(CriSetup {
+            plugins: vec![("10-adjuster", workspace_bin("nri-adjuster"), rule)],
+        });
+        // SAFETY: registers a plain `extern "C" fn` that runs at exit.
+        unsafe { libc::atexit(teardown_shared) };
+        cri
+    })
+}
+
+/// CRI clients (runtime and image services) on one channel.
+#[derive(Clone)]
+pub struct Client {
+    /// RuntimeService.
+    pub rt: RuntimeServiceClient<Channel>,
+    /// ImageService.
+    pub img: ImageServiceClient<Channel>,
+}
+
+/// A container config: `name`, the busybox image, `command`, its log at
+/// `<name>.log` in the pod's log directory.
+pub fn container(name: &str, command: &[&str]) -> api::ContainerConfig {
+    api::ContainerConfig {
+        metadata: Some(api::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(api::ImageSpec {
+            image: BUSYBOX.into(),
+            ..Default::default()
+        }),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        log_path: format!("{name}.log"),
+        linux: Some(api::LinuxContainerConfig {
+            security_context: Some(api::LinuxContainerSecurityContext::default()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+impl Client {
+    /// RunPodSandbox with `handler`; returns the pod id.
+    pub async fn run_pod(&mut self, cfg: &api::PodSandboxConfig, handler: &str) -> String {
+        self.rt
+            .run_pod_sandbox(api::RunPodSandboxRequest {
+                config: Some(cfg.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{handler}: RunPodSandbox: {e}"))
+            .into_inner()
+            .pod_sandbox_id
+    }
+
+    /// CreateContainer; returns the container id. A container without
+    /// namespace options gets the pod's, as kubelet sends them.
+    pub async fn create(
+        &mut self,
+        pod: &str,
+        pod_cfg: &api::PodSandboxConfig,
+        mut cfg: api::ContainerConfig,
+    ) -> String {
+        let pod_ns = pod_cfg
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.clone());
+        if let Some(sc) = cfg.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+            if sc.namespace_options.is_none() {
+                sc.namespace_options = pod_ns;
+            }
+        }
+        self.rt
+            .create_container(api::CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(cfg),
+                sandbox_config: Some(pod_cfg.clone()),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("CreateContainer in {pod}: {e}"))
+            .into_inner()
+            .container_id
+    }
+
+    /// CreateContainer and StartContainer; returns the container id.
+    pub async fn create_start(
+        &mut self,
+        pod: &str,
+        pod_cfg: &api::PodSandboxConfig,
+        cfg: api::ContainerConfig,
+    ) -> String {
+        let id = self.create(pod, pod_cfg, cfg).await;
+        self.start(&id).await;
+        id
+    }
+
+    /// StartContainer.
+    pub async fn start(&mut self, id: &str) {
+        self.rt
+            .start_container(api::StartContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StartContainer {id}: {e}"));
+    }
+
+    /// ContainerStatus.
+    pub async fn status(&mut self, id: &str) -> Result<api::ContainerStatus, tonic::Status> {
+        self.rt
+            .container_status(api::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .map(|r| r.into_inner().status.expect("status"))
+    }
+
+    /// Waits (up to `timeout`) until container `id` is in `state`.
+    pub async fn wait_state(
+        &mut self,
+        id: &str,
+        state: api::ContainerState,
+        timeout: Duration,
+    ) -> api::ContainerStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self
+                .status(id)
+                .await
+                .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"));
+            if st.state == state as i32 {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "container {id} not {state:?} within {timeout:?}: {st:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// ExecSync `cmd` with a timeout in seconds (0: none).
+    pub async fn exec(&mut self, id: &str, cmd: &[&str], timeout: i64) -> Result<api::ExecSyncResponse, tonic::Status> {
+        self.rt
+            .exec_sync(api::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// ExecSync `sh -c script` (10 s timeout); returns stdout, panics on an error.
+    pub async fn sh(&mut self, id: &str, script: &str) -> String {
+        let r = self
+            .exec(id, &["sh", "-c", script], 10)
+            .await
+            .unwrap_or_else(|e| panic!("ExecSync in {id}: {e}"));
+        String::from_utf8_lossy(&r.stdout).into_owned()
+    }
+
+    /// StopContainer with a timeout in seconds.
+    pub async fn stop(&mut self, id: &str, timeout: i64) -> Result<(), tonic::Status> {
+        self.rt
+            .stop_container(api::StopContainerRequest {
+                container_id: id.into(),
+                timeout,
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// RemoveContainer.
+    pub async fn remove(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.rt
+            .remove_container(api::RemoveContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// PodSandboxStatus.
+    pub async fn pod_status(&mut self, id: &str) -> Result<api::PodSandboxStatus, tonic::Status> {
+        self.rt
+            .pod_sandbox_status(api::PodSandboxStatusRequest {
+                pod_sandbox_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .map(|r| r.into_inner().status.expect("pod status"))
+    }
+
+    /// StopPodSandbox and RemovePodSandbox; panics if either fails.
+    pub async fn remove_pod(&mut self, id: &str) {
+        self.rt
+            .stop_pod_sandbox(api::StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StopPodSandbox {id}: {e}"));
+        self.rt
+            .remove_pod_sandbox(api::RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("RemovePodSandbox {id}: {e}"));
+    }
+}
+
+/// A CRI log file's lines without their timestamps (`stdout F text`), sorted.
+pub fn log_lines(pod: &api::PodSandboxConfig, container: &str) -> Vec<String> {
+    let path = Path::new(&pod.log_directory).join(format!("{container}.log"));
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let mut lines: Vec<String> = text
+        .lines()
+        .map(|l| l.split_once(' ').map(|(_, rest)| rest).unwrap_or(l).to_string())
+        .collect();
+    lines.sort();
+    lines
+}

@@ -1,0 +1,749 @@
+//! The CRI lane on Debian 12's containerd 1.6: containerd's CRI plugin,
+//! driven through a CRI v1 gRPC client as kubelet would, with two runtime
+//! handlers on one containerd. Every behaviour runs with `runc` (the
+//! reference) and `nri-shim` on the same input; the result with nri-shim
+//! must equal runc's, and runc's must be what Kubernetes expects.
+//!
+//! One containerd is shared by the tests of this file (see
+//! `integration::cri::shared`); each test uses its own pods (named after
+//! the test and the handler) and removes them. Root only. Tests named
+//! `divergence_...` check a known difference from runc that is still open
+//! (issue 9); they fail until it is fixed.
+
+use std::{
+    fmt::Debug,
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use integration::cri::{Client, Cri, NRI_ENV, NRI_NAMESPACE, PAUSE_CMDLINE, api, container, log_lines, shared};
+
+const NS: &str = "nri-lane";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Runs `f` for runc and for nri-shim, at the same time.
+async fn both<T, F, Fut>(f: F) -> (T, T)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = T>,
+{
+    tokio::join!(f("runc"), f("nri-shim"))
+}
+
+/// Prints both results and asserts nri-shim's equals runc's.
+fn same<T: Debug + PartialEq>(what: &str, runc: &T, nri: &T) {
+    println!("{what}\n  runc:     {runc:?}\n  nri-shim: {nri:?}");
+    assert_eq!(
+        nri, runc,
+        "{what}: nri-shim differs from runc (left: nri-shim, right: runc)"
+    );
+}
+
+fn state(st: &api::ContainerStatus) -> String {
+    api::ContainerState::try_from(st.state)
+        .map(|s| format!("{s:?}"))
+        .unwrap_or_else(|_| st.state.to_string())
+}
+
+/// A container's exit as CRI reports it.
+fn exit(st: &api::ContainerStatus) -> String {
+    format!("{} exit_code={} reason={}", state(st), st.exit_code, st.reason)
+}
+
+/// A running pod of `handler` and its config.
+async fn pod(
+    cri: &Cri,
+    name: &str,
+    namespace: &str,
+    handler: &str,
+    f: impl FnOnce(&mut api::PodSandboxConfig),
+) -> (Client, String, api::PodSandboxConfig) {
+    let mut c = cri.client().await;
+    let cfg = cri.pod_config(name, namespace, handler, f);
+    let id = c.run_pod(&cfg, handler).await;
+    (c, id, cfg)
+}
+
+/// Starts `cfg` in the pod and waits until it runs.
+async fn running(c: &mut Client, pod: &str, pod_cfg: &api::PodSandboxConfig, cfg: api::ContainerConfig) -> String {
+    let id = c.create_start(pod, pod_cfg, cfg).await;
+    c.wait_state(&id, api::ContainerState::ContainerRunning, WAIT).await;
+    id
+}
+
+/// Waits until the container's log has a line containing `needle`; returns the lines.
+async fn log_with(pod_cfg: &api::PodSandboxConfig, name: &str, needle: &str) -> Vec<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let lines = log_lines(pod_cfg, name);
+        if lines.iter().any(|l| l.contains(needle)) {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no {needle:?} in the log within {WAIT:?}: {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn sleeper(name: &str) -> api::ContainerConfig {
+    container(name, &["sleep", "1000"])
+}
+
+// ---------------------------------------------------------------------------
+// Pod and container lifecycle
+
+async fn lifecycle(cri: &Cri, h: &'static str) -> Vec<String> {
+    let (mut c, pod, cfg) = pod(cri, "lifecycle", NS, h, |_| {}).await;
+    let mut obs = Vec::new();
+    let st = c.pod_status(&pod).await.expect("PodSandboxStatus");
+    let ip = st.network.as_ref().map(|n| n.ip.clone()).unwrap_or_default();
+    let prefix = cri.subnet.trim_end_matches("0/24");
+    obs.push(format!(
+        "pod {:?}, ip in the lane's subnet: {}",
+        api::PodSandboxState::try_from(st.state).unwrap(),
+        ip.starts_with(prefix)
+    ));
+    for (name, script) in [
+        ("exit3", "echo hi; exit 3"),
+        ("exit0", "exit 0"),
+        ("exit255", "exit 255"),
+    ] {
+        let id = c.create_start(&pod, &cfg, container(name, &["sh", "-c", script])).await;
+        let st = c.wait_state(&id, api::ContainerState::ContainerExited, WAIT).await;
+        obs.push(format!("{name}: {}", exit(&st)));
+        c.remove(&id).await.expect("RemoveContainer");
+        obs.push(format!(
+            "{name} after RemoveContainer: {:?}",
+            c.status(&id).await.err().map(|e| e.code())
+        ));
+    }
+    // `sleep` as PID 1 of its own PID namespace has no SIGTERM handler, so
+    // SIGTERM does nothing: StopContainer kills it after the timeout.
+    let id0 = running(&mut c, &pod, &cfg, sleeper("sleeps")).await;
+    let t = Instant::now();
+    c.stop(&id0, 2).await.expect("StopContainer");
+    let took = t.elapsed();
+    let st = c.status(&id0).await.expect("ContainerStatus");
+    obs.push(format!(
+        "sleeps, StopContainer(timeout 2s): {}, took 2s..10s: {}",
+        exit(&st),
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10)
+    ));
+    // A process that ignores SIGTERM: StopContainer kills it after the timeout.
+    let id = running(
+        &mut c,
+        &pod,
+        &cfg,
+        container(
+            "ignores-term",
+            &["sh", "-c", "trap '' TERM; echo ready; while :; do usleep 50000; done"],
+        ),
+    )
+    .await;
+    log_with(&cfg, "ignores-term", "ready").await;
+    let t = Instant::now();
+    c.stop(&id, 2).await.expect("StopContainer");
+    let took = t.elapsed();
+    let st = c.status(&id).await.expect("ContainerStatus");
+    obs.push(format!(
+        "ignores-term, StopContainer(timeout 2s): {}, took 2s..10s: {}",
+        exit(&st),
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10)
+    ));
+    // A TERM handler: the container exits with its own code before the timeout.
+    let id2 = running(
+        &mut c,
+        &pod,
+        &cfg,
+        container(
+            "traps-term",
+            &[
+                "sh",
+                "-c",
+                "trap 'exit 7' TERM; echo ready; while :; do usleep 50000; done",
+            ],
+        ),
+    )
+    .await;
+    log_with(&cfg, "traps-term", "ready").await;
+    let t = Instant::now();
+    c.stop(&id2, 20).await.expect("StopContainer");
+    let took = t.elapsed();
+    let st = c.status(&id2).await.expect("ContainerStatus");
+    obs.push(format!(
+        "traps-term, StopContainer(timeout 20s): {}, took < 5s: {}",
+        exit(&st),
+        took < Duration::from_secs(5)
+    ));
+    // Stopping an exited container again succeeds.
+    obs.push(format!(
+        "second StopContainer: {:?}",
+        c.stop(&id2, 2).await.map_err(|e| e.code())
+    ));
+    for id in [&id0, &id, &id2] {
+        c.remove(id).await.expect("RemoveContainer");
+    }
+    c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .expect("StopPodSandbox");
+    let st = c.pod_status(&pod).await.expect("PodSandboxStatus");
+    obs.push(format!(
+        "after StopPodSandbox: {:?}",
+        api::PodSandboxState::try_from(st.state).unwrap()
+    ));
+    c.rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .expect("RemovePodSandbox");
+    obs.push(format!(
+        "after RemovePodSandbox: {:?}",
+        c.pod_status(&pod).await.err().map(|e| e.code())
+    ));
+    obs
+}
+
+#[tokio::test]
+async fn lifecycle_exit_codes_stop_timeout_and_removal() {
+    let cri = shared();
+    let (runc, nri) = both(|h| lifecycle(cri, h)).await;
+    same("pod and container lifecycle", &runc, &nri);
+    let expected = [
+        "pod SandboxReady, ip in the lane's subnet: true",
+        "exit3: ContainerExited exit_code=3 reason=Error",
+        "exit3 after RemoveContainer: Some(NotFound)",
+        "exit0: ContainerExited exit_code=0 reason=Completed",
+        "exit0 after RemoveContainer: Some(NotFound)",
+        "exit255: ContainerExited exit_code=255 reason=Error",
+        "exit255 after RemoveContainer: Some(NotFound)",
+        "sleeps, StopContainer(timeout 2s): ContainerExited exit_code=137 reason=Error, took 2s..10s: true",
+        "ignores-term, StopContainer(timeout 2s): ContainerExited exit_code=137 reason=Error, took 2s..10s: true",
+        "traps-term, StopContainer(timeout 20s): ContainerExited exit_code=7 reason=Error, took < 5s: true",
+        "second StopContainer: Ok(())",
+        "after StopPodSandbox: SandboxNotready",
+        "after RemovePodSandbox: Some(NotFound)",
+    ];
+    assert_eq!(runc, expected, "runc (the reference) is not what CRI promises");
+}
+
+// ---------------------------------------------------------------------------
+// ExecSync
+
+async fn exec_sync(cri: &Cri, h: &'static str) -> Vec<String> {
+    let (mut c, pod, cfg) = pod(cri, "exec", NS, h, |_| {}).await;
+    let id = running(&mut c, &pod, &cfg, sleeper("c")).await;
+    let mut obs = Vec::new();
+    let r = c
+        .exec(&id, &["sh", "-c", "echo out; echo err >&2; exit 5"], 10)
+        .await
+        .expect("ExecSync");
+    obs.push(format!(
+        "stdout={:?} stderr={:?} exit_code={}",
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr),
+        r.exit_code
+    ));
+    let r = c.exec(&id, &["cat", "/proc/self/cgroup"], 10).await.expect("ExecSync");
+    obs.push(format!("exit_code of cat: {}", r.exit_code));
+    // Past its timeout ExecSync fails (the message names the timeout).
+    let t = Instant::now();
+    let r = c.exec(&id, &["sleep", "30"], 1).await;
+    let took = t.elapsed();
+    obs.push(match r {
+        Ok(r) => format!("timeout 1s: Ok exit_code={}", r.exit_code),
+        Err(e) => format!(
+            "timeout 1s: {:?} {}, took < 10s: {}",
+            e.code(),
+            e.message().replace(&id, "<id>"),
+            took < Duration::from_secs(10)
+        ),
+    });
+    c.remove_pod(&pod).await;
+    obs
+}
+
+#[tokio::test]
+async fn exec_sync_stdout_stderr_exit_code_timeout() {
+    let cri = shared();
+    let (runc, nri) = both(|h| exec_sync(cri, h)).await;
+    same("ExecSync", &runc, &nri);
+    assert_eq!(runc[0], r#"stdout="out\n" stderr="err\n" exit_code=5"#);
+    assert_eq!(runc[1], "exit_code of cat: 0");
+}
+
+// ---------------------------------------------------------------------------
+// CRI log files
+
+async fn logs(cri: &Cri, h: &'static str) -> Vec<String> {
+    let (mut c, pod, cfg) = pod(cri, "logs", NS, h, |_| {}).await;
+    let id = c
+        .create_start(
+            &pod,
+            &cfg,
+            container(
+                "c",
+                &[
+                    "sh",
+                    "-c",
+                    "echo hello-stdout; echo hello-stderr >&2; echo line2; printf no-newline",
+                ],
+            ),
+        )
+        .await;
+    c.wait_state(&id, api::ContainerState::ContainerExited, WAIT).await;
+    let lines = log_lines(&cfg, "c");
+    c.remove_pod(&pod).await;
+    lines
+}
+
+#[tokio::test]
+async fn log_file_has_stdout_and_stderr() {
+    let cri = shared();
+    let (runc, nri) = both(|h| logs(cri, h)).await;
+    same("CRI log file (timestamps removed, sorted)", &runc, &nri);
+    for l in ["stdout F hello-stdout", "stderr F hello-stderr", "stdout F line2"] {
+        assert!(runc.iter().any(|x| x == l), "runc's log lacks {l:?}: {runc:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// ContainerStats
+
+async fn stats(cri: &Cri, h: &'static str, test: &str) -> Vec<String> {
+    let (mut c, pod, cfg) = pod(cri, test, NS, h, |_| {}).await;
+    let id = running(
+        &mut c,
+        &pod,
+        &cfg,
+        container(
+            "c",
+            &["sh", "-c", "dd if=/dev/zero of=/tmp/f bs=1M count=8 2>/dev/null; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done; sleep 1000"],
+        ),
+    )
+    .await;
+    log_with(&cfg, "c", "done").await;
+    let s =
+        c.rt.container_stats(api::ContainerStatsRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("ContainerStats")
+        .into_inner()
+        .stats
+        .expect("stats");
+    let nonzero = |v: Option<u64>| match v {
+        None => "absent",
+        Some(0) => "zero",
+        Some(_) => "nonzero",
+    };
+    let cpu = s.cpu.as_ref();
+    let mem = s.memory.as_ref();
+    let obs = vec![
+        format!(
+            "attributes.id is the container: {}",
+            s.attributes.as_ref().map(|a| a.id == id).unwrap_or(false)
+        ),
+        format!(
+            "cpu.usage_core_nano_seconds: {}",
+            nonzero(cpu.and_then(|c| c.usage_core_nano_seconds.as_ref()).map(|v| v.value))
+        ),
+        format!(
+            "memory.working_set_bytes: {}",
+            nonzero(mem.and_then(|m| m.working_set_bytes.as_ref()).map(|v| v.value))
+        ),
+        format!(
+            "memory.usage_bytes: {}",
+            nonzero(mem.and_then(|m| m.usage_bytes.as_ref()).map(|v| v.value))
+        ),
+        format!(
+            "memory.rss_bytes: {}",
+            nonzero(mem.and_then(|m| m.rss_bytes.as_ref()).map(|v| v.value))
+        ),
+        format!(
+            "memory.page_faults: {}",
+            nonzero(mem.and_then(|m| m.page_faults.as_ref()).map(|v| v.value))
+        ),
+        format!(
+            "memory.major_page_faults: {}",
+            nonzero(mem.and_then(|m| m.major_page_faults.as_ref()).map(|v| v.value))
+        ),
+        format!(
+            "memory.usage_bytes >= 8 MiB (the file in /tmp): {}",
+            mem.and_then(|m| m.usage_bytes.as_ref())
+                .map(|v| v.value >= 8 << 20)
+                .unwrap_or(false)
+        ),
+        format!("writable_layer present: {}", s.writable_layer.is_some()),
+    ];
+    let listed =
+        c.rt.list_container_stats(api::ListContainerStatsRequest {
+            filter: Some(api::ContainerStatsFilter {
+                pod_sandbox_id: pod.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListContainerStats")
+        .into_inner()
+        .stats;
+    let mut obs = obs;
+    obs.push(format!("ListContainerStats of the pod: {} container(s)", listed.len()));
+    c.remove_pod(&pod).await;
+    obs
+}
+
+fn is_fault_count(l: &str) -> bool {
+    l.contains("page_faults")
+}
+
+#[tokio::test]
+async fn container_stats_cpu_and_memory() {
+    let cri = shared();
+    let (runc, nri) = both(|h| stats(cri, h, "stats")).await;
+    let (runc, nri): (Vec<_>, Vec<_>) = (
+        runc.into_iter().filter(|l| !is_fault_count(l)).collect(),
+        nri.into_iter().filter(|l| !is_fault_count(l)).collect(),
+    );
+    same("ContainerStats (page fault counts: see divergence_...)", &runc, &nri);
+    assert!(
+        runc.iter().all(|l| !l.ends_with("absent") && !l.ends_with("false")),
+        "{runc:?}"
+    );
+}
+
+/// CRI 1.6 reports page faults from the hierarchical `total_pgfault` /
+/// `total_pgmajfault` counters of the v1 metrics, which nri-shim's metrics
+/// leave at zero (a fix of the shim's metrics is under way on main).
+#[tokio::test]
+async fn divergence_container_stats_page_faults() {
+    let cri = shared();
+    let (runc, nri) = both(|h| stats(cri, h, "stats-faults")).await;
+    let (runc, nri): (Vec<_>, Vec<_>) = (
+        runc.into_iter().filter(|l| is_fault_count(l)).collect(),
+        nri.into_iter().filter(|l| is_fault_count(l)).collect(),
+    );
+    println!("ContainerStats page faults\n  runc:     {runc:?}\n  nri-shim: {nri:?}");
+    assert_eq!(runc[0], "memory.page_faults: nonzero");
+    assert_eq!(
+        nri, runc,
+        "KNOWN DIVERGENCE: ContainerStats page fault counts with nri-shim (left) differ from runc's (right)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// UpdateContainerResources
+
+async fn update(cri: &Cri, h: &'static str) -> Vec<String> {
+    let (mut c, pod, cfg) = pod(cri, "update", NS, h, |_| {}).await;
+    let mut cc = sleeper("c");
+    cc.linux.as_mut().unwrap().resources = Some(api::LinuxContainerResources {
+        memory_limit_in_bytes: 256 << 20,
+        cpu_shares: 1024,
+        ..Default::default()
+    });
+    let id = running(&mut c, &pod, &cfg, cc).await;
+    let read = |controller: &str, file: &str| {
+        let p = cri.cgroup_file(&cfg, &id, controller, file);
+        std::fs::read_to_string(&p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("{}: {e}", p.display()))
+    };
+    let mut obs = vec![format!(
+        "before: memory.limit_in_bytes={} cpu.shares={}",
+        read("memory", "memory.limit_in_bytes"),
+        read("cpu", "cpu.shares")
+    )];
+    c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+        container_id: id.clone(),
+        linux: Some(api::LinuxContainerResources {
+            memory_limit_in_bytes: 64 << 20,
+            cpu_shares: 512,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("UpdateContainerResources");
+    obs.push(format!(
+        "after: memory.limit_in_bytes={} cpu.shares={}",
+        read("memory", "memory.limit_in_bytes"),
+        read("cpu", "cpu.shares")
+    ));
+    obs.push(format!(
+        "still {}",
+        state(&c.status(&id).await.expect("ContainerStatus"))
+    ));
+    c.remove_pod(&pod).await;
+    obs
+}
+
+#[tokio::test]
+async fn update_container_resources_reaches_the_cgroup() {
+    let cri = shared();
+    let (runc, nri) = both(|h| update(cri, h)).await;
+    same("UpdateContainerResources", &runc, &nri);
+    assert_eq!(
+        runc,
+        [
+            "before: memory.limit_in_bytes=268435456 cpu.shares=1024",
+            "after: memory.limit_in_bytes=67108864 cpu.shares=512",
+            "still ContainerRunning",
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// OOMKilled
+
+async fn oom(cri: &Cri, h: &'static str) -> String {
+    let (mut c, pod, cfg) = pod(cri, "oom", NS, h, |_| {}).await;
+    let mut cc = container("c", &["tail", "/dev/zero"]);
+    cc.linux.as_mut().unwrap().resources = Some(api::LinuxContainerResources {
+        memory_limit_in_bytes: 32 << 20,
+        ..Default::default()
+    });
+    let id = c.create_start(&pod, &cfg, cc).await;
+    let st = c
+        .wait_state(&id, api::ContainerState::ContainerExited, Duration::from_secs(60))
+        .await;
+    c.remove_pod(&pod).await;
+    exit(&st)
+}
+
+#[tokio::test]
+async fn oom_killed_reason() {
+    let cri = shared();
+    let (runc, nri) = both(|h| oom(cri, h)).await;
+    same("OOM kill", &runc, &nri);
+    assert_eq!(runc, "ContainerExited exit_code=137 reason=OOMKilled");
+}
+
+// ---------------------------------------------------------------------------
+// seccomp
+
+/// Prints the process's seccomp mode and whether unshare(CLONE_NEWUSER)
+/// (blocked by RuntimeDefault without CAP_SYS_ADMIN) works.
+const SECCOMP_PROBE: &str = "grep Seccomp: /proc/self/status; unshare -U true; echo unshare=$?";
+
+fn with_seccomp(mut cc: api::ContainerConfig, profile: api::security_profile::ProfileType) -> api::ContainerConfig {
+    let sc = cc.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+    sc.seccomp = Some(api::SecurityProfile {
+        profile_type: profile as i32,
+        localhost_ref: String::new(),
+    });
+    cc
+}
+
+/// (init's probe from the log, an exec's probe) of a container with `profile`.
+async fn seccomp(
+    cri: &Cri,
+    h: &'static str,
+    test: &str,
+    profile: api::security_profile::ProfileType,
+) -> (Vec<String>, String) {
+    let (mut c, pod, cfg) = pod(cri, test, NS, h, |_| {}).await;
+    let cc = with_seccomp(
+        container("c", &["sh", "-c", &format!("{SECCOMP_PROBE}; sleep 1000")]),
+        profile,
+    );
+    let id = running(&mut c, &pod, &cfg, cc).await;
+    let init = log_with(&cfg, "c", "unshare=").await;
+    let exec = c.sh(&id, SECCOMP_PROBE).await;
+    c.remove_pod(&pod).await;
+    (init, exec)
+}
+
+#[tokio::test]
+async fn seccomp_runtime_default_confines_init() {
+    use api::security_profile::ProfileType;
+    let cri = shared();
+    let (runc, nri) = both(|h| seccomp(cri, h, "seccomp-init", ProfileType::RuntimeDefault)).await;
+    same("seccomp RuntimeDefault, init", &runc.0, &nri.0);
+    assert_eq!(
+        runc.0,
+        [
+            "stderr F unshare: unshare(0x10000000): Operation not permitted",
+            "stdout F Seccomp:\t2",
+            "stdout F unshare=1"
+        ]
+    );
+    // The control: without a profile the same syscall works (both handlers).
+    let (runc, nri) = both(|h| seccomp(cri, h, "seccomp-unconfined", ProfileType::Unconfined)).await;
+    same("seccomp Unconfined, init", &runc.0, &nri.0);
+    assert_eq!(runc.0, ["stdout F Seccomp:\t0", "stdout F unshare=0"]);
+}
+
+/// Issue 9 item 2 (being fixed): libcontainer's tenant builder drops
+/// `linux.seccomp`, so an exec in a RuntimeDefault container runs unconfined.
+#[tokio::test]
+async fn divergence_seccomp_runtime_default_confines_exec() {
+    use api::security_profile::ProfileType;
+    let cri = shared();
+    let (runc, nri) = both(|h| seccomp(cri, h, "seccomp-exec", ProfileType::RuntimeDefault)).await;
+    println!(
+        "seccomp RuntimeDefault, exec\n  runc:     {:?}\n  nri-shim: {:?}",
+        runc.1, nri.1
+    );
+    assert_eq!(runc.1, "Seccomp:\t2\nunshare=1\n");
+    assert_eq!(
+        nri.1, runc.1,
+        "KNOWN DIVERGENCE (issue 9 item 2, security): an exec in a RuntimeDefault container is not \
+         confined by seccomp with nri-shim (left), it is with runc (right)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// PID namespaces
+
+/// What PID 1 is, seen from an exec in a container of a pod with `pid` mode.
+async fn pid_one(cri: &Cri, h: &'static str, pid: api::NamespaceMode) -> String {
+    let name = format!("pid-{}", format!("{pid:?}").to_lowercase());
+    let (mut c, pod, cfg) = pod(cri, &name, NS, h, |p| {
+        let ns = p.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+        ns.namespace_options.as_mut().unwrap().pid = pid as i32;
+    })
+    .await;
+    let id = running(&mut c, &pod, &cfg, sleeper("c")).await;
+    let one = c.sh(&id, "tr '\\0' ' ' < /proc/1/cmdline").await;
+    let host = String::from_utf8_lossy(&std::fs::read("/proc/1/cmdline").unwrap()).replace('\0', " ");
+    c.remove_pod(&pod).await;
+    if one == PAUSE_CMDLINE {
+        "the pod's pause".into()
+    } else if one == "sleep 1000 " {
+        "the container's own process".into()
+    } else if one == host {
+        "the host's init".into()
+    } else {
+        format!("something else: {one:?}")
+    }
+}
+
+#[tokio::test]
+async fn pid_namespace_pod_container_and_host() {
+    use api::NamespaceMode::{Container, Node, Pod};
+    let cri = shared();
+    for (mode, expected) in [
+        (Container, "the container's own process"),
+        (Pod, "the pod's pause"),
+        (Node, "the host's init"),
+    ] {
+        let (runc, nri) = both(|h| pid_one(cri, h, mode)).await;
+        same(&format!("PID 1 with namespace_options.pid = {mode:?}"), &runc, &nri);
+        assert_eq!(runc, expected);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Networking: CNI bridge and host network
+
+async fn network(cri: &Cri, h: &'static str, host: bool) -> Vec<String> {
+    let name = if host { "hostnet" } else { "podnet" };
+    let (mut c, pod, cfg) = pod(cri, name, NS, h, |p| {
+        if host {
+            // The host's UTS namespace too: no hostname of its own (runc refuses one).
+            p.hostname.clear();
+            let ns = p.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+            ns.namespace_options.as_mut().unwrap().network = api::NamespaceMode::Node as i32;
+        }
+    })
+    .await;
+    let id = running(&mut c, &pod, &cfg, sleeper("c")).await;
+    let ip = c
+        .pod_status(&pod)
+        .await
+        .expect("PodSandboxStatus")
+        .network
+        .map(|n| n.ip)
+        .unwrap_or_default();
+    let netns = c.sh(&id, "readlink /proc/self/ns/net").await;
+    let host_netns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let mut obs = vec![format!(
+        "netns is the host's: {}",
+        netns.trim() == host_netns.to_string_lossy()
+    )];
+    if host {
+        obs.push(format!("pod ip: {ip:?}"));
+    } else {
+        let prefix = cri.subnet.trim_end_matches("0/24");
+        obs.push(format!("pod ip in the lane's subnet: {}", ip.starts_with(prefix)));
+        let addr = c.sh(&id, "ip -4 -o addr show eth0").await;
+        obs.push(format!(
+            "eth0 has the pod ip: {}",
+            addr.contains(&format!("inet {ip}/"))
+        ));
+        let gw = format!("{prefix}1");
+        let ping = c
+            .exec(&id, &["ping", "-c", "1", "-W", "5", &gw], 10)
+            .await
+            .expect("ExecSync ping");
+        obs.push(format!("ping the bridge: exit_code={}", ping.exit_code));
+    }
+    c.remove_pod(&pod).await;
+    obs
+}
+
+#[tokio::test]
+async fn pod_network_and_host_network() {
+    let cri = shared();
+    let (runc, nri) = both(|h| network(cri, h, false)).await;
+    same("CNI bridge network", &runc, &nri);
+    assert_eq!(
+        runc,
+        [
+            "netns is the host's: false",
+            "pod ip in the lane's subnet: true",
+            "eth0 has the pod ip: true",
+            "ping the bridge: exit_code=0",
+        ]
+    );
+    let (runc, nri) = both(|h| network(cri, h, true)).await;
+    same("host network", &runc, &nri);
+    assert_eq!(runc, ["netns is the host's: true", "pod ip: \"\""]);
+}
+
+// ---------------------------------------------------------------------------
+// NRI: only nri-shim runs plugins (containerd 1.6 has no NRI of its own)
+
+/// (the init's view from the log, an exec's view) of the adjuster's env var.
+async fn nri_env(cri: &Cri, h: &'static str) -> (Vec<String>, String) {
+    let (mut c, pod, cfg) = pod(cri, "nri", NRI_NAMESPACE, h, |_| {}).await;
+    let probe = format!("echo VAR=${}", NRI_ENV.0);
+    let id = running(
+        &mut c,
+        &pod,
+        &cfg,
+        container("c", &["sh", "-c", &format!("{probe}; sleep 1000")]),
+    )
+    .await;
+    let init = log_with(&cfg, "c", "VAR=").await;
+    let exec = c.sh(&id, &probe).await;
+    c.remove_pod(&pod).await;
+    (init, exec)
+}
+
+#[tokio::test]
+async fn nri_adjustment_is_visible_with_nri_shim_only() {
+    let cri = shared();
+    let (runc, nri) = both(|h| nri_env(cri, h)).await;
+    println!("NRI env var (init log, exec)\n  runc:     {runc:?}\n  nri-shim: {nri:?}");
+    assert_eq!(
+        runc,
+        (vec!["stdout F VAR=".to_string()], "VAR=\n".to_string()),
+        "runc has no NRI on 1.6"
+    );
+    let want = format!("VAR={}", NRI_ENV.1);
+    assert_eq!(
+        nri.0,
+        [format!("stdout F {want}")],
+        "nri-shim: the init lacks the adjuster's env var"
+    );
+    assert_eq!(
+        nri.1,
+        format!("{want}\n"),
+        "nri-shim: an exec lacks the adjuster's env var"
+    );
+}
