@@ -747,3 +747,55 @@ async fn nri_adjustment_is_visible_with_nri_shim_only() {
         "nri-shim: an exec lacks the adjuster's env var"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Kill all on init exit (shared PID namespace)
+
+/// A container of a pod with a shared PID namespace leaves a child behind
+/// when its init exits: (the init's exit, how many of the child's processes
+/// another container of the pod still sees 3 s later).
+async fn leftover_child(cri: &Cri, h: &'static str) -> (String, String) {
+    let (mut c, pod, cfg) = pod(cri, "kill-all", NS, h, |p| {
+        let ns = p.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+        ns.namespace_options.as_mut().unwrap().pid = api::NamespaceMode::Pod as i32;
+    })
+    .await;
+    let watcher = running(&mut c, &pod, &cfg, sleeper("watcher")).await;
+    let id = c
+        .create_start(
+            &pod,
+            &cfg,
+            container("parent", &["sh", "-c", "sleep 1001 & echo started; sleep 2; exit 3"]),
+        )
+        .await;
+    let count = "ps -o args | grep -c '^sleep 1001$'";
+    log_with(&cfg, "parent", "started").await;
+    let before = c.sh(&watcher, count).await;
+    let st = c.wait_state(&id, api::ContainerState::ContainerExited, WAIT).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut left = c.sh(&watcher, count).await;
+    while left.trim() != "0" && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = c.sh(&watcher, count).await;
+    }
+    c.remove_pod(&pod).await;
+    (
+        exit(&st),
+        format!(
+            "child processes before the exit: {}, 3 s after: {}",
+            before.trim(),
+            left.trim()
+        ),
+    )
+}
+
+/// runc's shim kills every process of a container without a PID namespace
+/// of its own when its init exits (issue 9 item 1); so must nri-shim.
+#[tokio::test]
+async fn kill_all_on_init_exit_with_shared_pid_namespace() {
+    let cri = shared();
+    let (runc, nri) = both(|h| leftover_child(cri, h)).await;
+    same("kill all on init exit (pod PID namespace)", &runc, &nri);
+    assert_eq!(runc.0, "ContainerExited exit_code=3 reason=Error");
+    assert_eq!(runc.1, "child processes before the exit: 1, 3 s after: 0");
+}
