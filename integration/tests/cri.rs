@@ -600,7 +600,10 @@ async fn divergence_seccomp_runtime_default_confines_exec() {
 // PID namespaces
 
 /// What PID 1 is, seen from an exec in a container of a pod with `pid` mode.
-async fn pid_one(cri: &Cri, h: &'static str, pid: api::NamespaceMode) -> String {
+/// And whether the container's init is in the container's own memory cgroup
+/// (issue 9 item 4: joining a shared PID namespace on cgroup v1 could put it
+/// in another process's cgroups).
+async fn pid_one(cri: &Cri, h: &'static str, pid: api::NamespaceMode) -> Vec<String> {
     let name = format!("pid-{}", format!("{pid:?}").to_lowercase());
     let (mut c, pod, cfg) = pod(cri, &name, NS, h, |p| {
         let ns = p.linux.as_mut().unwrap().security_context.as_mut().unwrap();
@@ -610,8 +613,17 @@ async fn pid_one(cri: &Cri, h: &'static str, pid: api::NamespaceMode) -> String 
     let id = running(&mut c, &pod, &cfg, sleeper("c")).await;
     let one = c.sh(&id, "tr '\\0' ' ' < /proc/1/cmdline").await;
     let host = String::from_utf8_lossy(&std::fs::read("/proc/1/cmdline").unwrap()).replace('\0', " ");
+    let tasks = cri.ctr(&["-n", "k8s.io", "t", "ls"]);
+    let init_pid = String::from_utf8_lossy(&tasks.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id.as_str()))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .unwrap_or_else(|| panic!("{h}: task {id} not in `ctr t ls`"));
+    let cgroups = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup")).unwrap_or_default();
+    let want = format!(":memory:{}/{id}", cfg.linux.as_ref().unwrap().cgroup_parent);
+    let own = cgroups.lines().any(|l| l.ends_with(&want));
     c.remove_pod(&pod).await;
-    if one == PAUSE_CMDLINE {
+    let one: String = if one == PAUSE_CMDLINE {
         "the pod's pause".into()
     } else if one == "sleep 1000 " {
         "the container's own process".into()
@@ -619,7 +631,8 @@ async fn pid_one(cri: &Cri, h: &'static str, pid: api::NamespaceMode) -> String 
         "the host's init".into()
     } else {
         format!("something else: {one:?}")
-    }
+    };
+    vec![one, format!("init in the container's memory cgroup: {own}")]
 }
 
 #[tokio::test]
@@ -633,7 +646,7 @@ async fn pid_namespace_pod_container_and_host() {
     ] {
         let (runc, nri) = both(|h| pid_one(cri, h, mode)).await;
         same(&format!("PID 1 with namespace_options.pid = {mode:?}"), &runc, &nri);
-        assert_eq!(runc, expected);
+        assert_eq!(runc, [expected, "init in the container's memory cgroup: true"]);
     }
 }
 
@@ -765,12 +778,18 @@ async fn leftover_child(cri: &Cri, h: &'static str) -> (String, String) {
         .create_start(
             &pod,
             &cfg,
-            container("parent", &["sh", "-c", "sleep 1001 & echo started; sleep 2; exit 3"]),
+            container("parent", &["sh", "-c", "sleep 1001 & echo started; sleep 3; exit 3"]),
         )
         .await;
     let count = "ps -o args | grep -c '^sleep 1001$'";
     log_with(&cfg, "parent", "started").await;
-    let before = c.sh(&watcher, count).await;
+    // The child may not have exec'd `sleep` yet when the log line lands.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut before = c.sh(&watcher, count).await;
+    while before.trim() == "0" && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        before = c.sh(&watcher, count).await;
+    }
     let st = c.wait_state(&id, api::ContainerState::ContainerExited, WAIT).await;
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut left = c.sh(&watcher, count).await;
