@@ -6,9 +6,9 @@
 //!
 //! One containerd is shared by the tests of this file (see
 //! `integration::cri::shared`); each test uses its own pods (named after
-//! the test and the handler) and removes them. Root only. Tests named
-//! `divergence_...` check a known difference from runc that is still open
-//! (issue 9); they fail until it is fixed.
+//! the test and the handler) and removes them. Root only. A difference
+//! from runc found and not yet fixed is pinned by a test named
+//! `divergence_...` that fails until the fix lands (none at present).
 
 use std::{
     fmt::Debug,
@@ -417,7 +417,7 @@ async fn container_stats_cpu_and_memory() {
         runc.into_iter().filter(|l| !is_fault_count(l)).collect(),
         nri.into_iter().filter(|l| !is_fault_count(l)).collect(),
     );
-    same("ContainerStats (page fault counts: see divergence_...)", &runc, &nri);
+    same("ContainerStats (page faults, working set: the next test)", &runc, &nri);
     assert!(
         runc.iter().all(|l| !l.ends_with("absent") && !l.ends_with("false")),
         "{runc:?}"
@@ -427,10 +427,10 @@ async fn container_stats_cpu_and_memory() {
 /// CRI 1.6 reports page faults from the hierarchical `total_pgfault` /
 /// `total_pgmajfault` counters of the v1 metrics and subtracts
 /// `total_inactive_file` from the usage for the working set (what kubelet
-/// evicts on); nri-shim's metrics leave those counters at zero (a fix of
-/// the shim's metrics is under way on main).
+/// evicts on): the shim's metrics must carry them (before 4729269 they were
+/// zero: page_faults zero, working set equal to the usage).
 #[tokio::test]
-async fn divergence_container_stats_page_faults_and_working_set() {
+async fn container_stats_page_faults_and_working_set() {
     let cri = shared();
     let (runc, nri) = both(|h| stats(cri, h, "stats-faults")).await;
     let (runc, nri): (Vec<_>, Vec<_>) = (
@@ -446,7 +446,7 @@ async fn divergence_container_stats_page_faults_and_working_set() {
     }
     assert_eq!(
         nri, runc,
-        "KNOWN DIVERGENCE: ContainerStats page faults and working set with nri-shim (left) differ from runc's (right)"
+        "ContainerStats page faults and working set (CRI reads the total_* counters) with nri-shim (left) differ from runc's (right)"
     );
 }
 
@@ -593,10 +593,11 @@ async fn seccomp_runtime_default_confines_init() {
     assert_eq!(runc.0, ["stdout F Seccomp:\t0", "stdout F unshare=0"]);
 }
 
-/// Issue 9 item 2 (being fixed): libcontainer's tenant builder drops
-/// `linux.seccomp`, so an exec in a RuntimeDefault container runs unconfined.
+/// Issue 9 item 2 (security): an exec gets the container's seccomp profile,
+/// as with runc (libcontainer 0.7's tenant builder dropped `linux.seccomp`:
+/// the exec ran with `Seccomp: 0` and unshare succeeded).
 #[tokio::test]
-async fn divergence_seccomp_runtime_default_confines_exec() {
+async fn seccomp_runtime_default_confines_exec() {
     use api::security_profile::ProfileType;
     let cri = shared();
     let (runc, nri) = both(|h| seccomp(cri, h, "seccomp-exec", ProfileType::RuntimeDefault)).await;
@@ -607,8 +608,8 @@ async fn divergence_seccomp_runtime_default_confines_exec() {
     assert_eq!(runc.1, "Seccomp:\t2\nunshare=1\n");
     assert_eq!(
         nri.1, runc.1,
-        "KNOWN DIVERGENCE (issue 9 item 2, security): an exec in a RuntimeDefault container is not \
-         confined by seccomp with nri-shim (left), it is with runc (right)"
+        "issue 9 item 2 (security): an exec in a RuntimeDefault container is not confined by \
+         seccomp with nri-shim (left) as it is with runc (right)"
     );
 }
 
