@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
 
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static
-echo "== building (release; the first build takes about 10 minutes on 2 cores)"
+echo "== building (release; the first build takes about 5 minutes on 2 idle cores)"
 cargo build --release --locked -p nri-shim -p nri-adjuster
 T=$(mktemp -d /tmp/nri-shim-main.XXXXXX)
 trap 'nri_containerd_stop "$T"; rm -rf "$T"' EXIT
