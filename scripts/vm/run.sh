@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# scripts/vm/run.sh COMMAND...: runs COMMAND (a bash command line, from the
+# repository's root) in a VM with a pure cgroup v2 hierarchy, prints its
+# output and exits with its status. As root on Debian 12.
+#
+# The VM (qemu, TCG: nested KVM fails on our machines): Debian's kernel
+# package unpacked into the cache (scripts/vm/image.sh), the host's `/`
+# shared read-only over 9p under a tmpfs overlay (so the host's tools and
+# this repository's prebuilt binaries run inside unchanged, and nothing the
+# VM writes reaches the host), a writable 9p share for the command, its
+# output and status, kernel command line `systemd.unified_cgroup_hierarchy=1
+# cgroup_no_v1=all`, scripts/vm/guest.sh as PID 1.
+#
+# Environment: NRI_VM_TIMEOUT (seconds for the command, default 2400; the
+# VM gets 300 more to boot and power off), NRI_VM_MEM (MiB, default 3072),
+# NRI_VM_CPUS (default 2), NRI_VM_CACHE (default target/vm),
+# NRI_VM_CONSOLE=1 to print the VM's console as it boots.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+. scripts/lib/env.sh
+[ $# -gt 0 ] || { echo "usage: $0 COMMAND..." >&2; exit 2; }
+timeout=${NRI_VM_TIMEOUT:-2400}
+cache=${NRI_VM_CACHE:-$repo/target/vm}
+
+nri_need_packages qemu-system-x86 busybox-static
+mapfile -t img < <(scripts/vm/image.sh "$cache")
+
+res=$(mktemp -d /tmp/nri-vm.XXXXXX)
+trap 'rm -rf "$res"' EXIT
+printf '%s\n' "$*" > "$res/cmd"
+echo "$repo" > "$res/cwd"
+echo "$timeout" > "$res/timeout"
+touch "$res/console.log"
+if [ "${NRI_VM_CONSOLE:-0}" = 1 ]; then
+    tail -n +1 -f "$res/console.log" &
+    tailpid=$!
+    trap 'kill $tailpid 2>/dev/null; rm -rf "$res"' EXIT
+fi
+
+start=$(date +%s)
+rc=0
+timeout -k 10 $((timeout + 300)) qemu-system-x86_64 \
+    -nodefaults -no-user-config -display none -no-reboot \
+    -machine pc -accel tcg,thread=multi -cpu max \
+    -smp "${NRI_VM_CPUS:-2}" -m "${NRI_VM_MEM:-3072}" \
+    -kernel "${img[0]}" -initrd "${img[1]}" \
+    -append "console=ttyS0 quiet loglevel=4 panic=-1 no_timer_check rdinit=/init systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all nri_vm_stage2=$repo/scripts/vm/guest.sh" \
+    -serial "file:$res/console.log" \
+    -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$res,mount_tag=results,security_model=none,multidevs=remap" \
+    </dev/null || rc=$?
+echo "== VM ran for $(($(date +%s) - start)) s (qemu status $rc)" >&2
+if [ ! -f "$res/status" ]; then
+    echo "== the command did not finish in the VM; its console:" >&2
+    tail -n 60 "$res/console.log" >&2
+    [ -f "$res/output" ] && { echo "== its output so far:" >&2; cat "$res/output"; }
+    exit 1
+fi
+cat "$res/output"
+exit "$(cat "$res/status")"
