@@ -16,6 +16,7 @@ use std::{
 
 use nri_adaptation::{Adaptation, AdaptationBuilder, RuntimeState, api};
 
+pub mod cgroup;
 pub mod containerd;
 // containerd with CRI and two runtime handlers, a CRI client (the CRI lane).
 pub mod cri;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use integration::{
-    Behaviour, EventLog,
+    Behaviour, EventLog, cgroup,
     containerd::{Containerd, Setup, workspace_bin},
     spawn_plugin,
 };
@@ -48,7 +48,8 @@ fn a_preinstalled_adjuster_changes_env_annotation_mount_and_memory() {
     });
     let id = "ctrd-a1";
     let script = format!(
-        "echo FOO=$FOO; grep -c ' /opt/nri tmpfs' /proc/mounts; cat /sys/fs/cgroup/memory/default/{id}/memory.limit_in_bytes"
+        "echo FOO=$FOO; grep -c ' /opt/nri tmpfs' /proc/mounts; cat {}",
+        cgroup::memory_limit_file(&format!("/default/{id}")).display()
     );
     let out = c.run(
         id,
@@ -181,7 +182,8 @@ fn d_conflicting_plugins_fail_the_run_and_leave_nothing() {
         // Nothing left behind: no task, no libcontainer state, no cgroup, no socket.
         assert!(!text(&c.ctr(&["t", "ls"])).contains("ctrd-d1"));
         assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
-        assert!(!std::path::Path::new("/sys/fs/cgroup/memory/default/ctrd-d1").exists());
+        let cgroups = cgroup::dirs("/default/ctrd-d1");
+        assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
         let leftovers: Vec<_> = std::fs::read_dir(&c.shim_state)
             .unwrap()
             .flatten()
@@ -282,8 +284,8 @@ fn f_exec_kill_update_stats_through_containerd() {
     ]);
     assert!(text(&out).contains("from-exec"), "{}", text(&out));
     assert_eq!(out.status.code(), Some(4));
+    // Checked at the end, so that the rest runs where the metrics differ.
     let metrics = text(&c.ctr(&["t", "metrics", id]));
-    assert!(metrics.contains("memory.usage_in_bytes"), "{metrics}");
     // ctr 1.6 has no `task update`: call the shim's Task service directly.
     let sock = std::fs::read_dir(&c.shim_state)
         .unwrap()
@@ -313,8 +315,7 @@ fn f_exec_kill_update_stats_through_containerd() {
         };
         task.update(ctx, &req).await.unwrap();
     });
-    let limit = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/default/{id}/memory.limit_in_bytes")).unwrap();
-    assert_eq!(limit.trim(), "100663296");
+    assert_eq!(cgroup::memory_limit(&format!("/default/{id}")), "100663296");
     assert!(c.ctr(&["t", "pause", id]).status.success());
     assert!(text(&c.ctr(&["t", "ls"])).contains("PAUSED"));
     assert!(c.ctr(&["t", "resume", id]).status.success());
@@ -325,6 +326,16 @@ fn f_exec_kill_update_stats_through_containerd() {
     assert!(!again.status.success());
     assert!(text(&again).contains("not found"), "{}", text(&again));
     assert!(c.ctr(&["t", "rm", id]).status.success());
+    // ctr prints the metrics type of the hierarchy, as runc's shim sends it.
+    let usage = if cgroup::v2() {
+        "memory.usage"
+    } else {
+        "memory.usage_in_bytes"
+    };
+    assert!(
+        metrics.lines().any(|l| l.split_whitespace().next() == Some(usage)),
+        "no {usage}: {metrics}"
+    );
 }
 
 #[test]
@@ -476,12 +487,7 @@ fn plugin_initiated_update_and_eviction_reach_running_containers() {
         assert!(out.status.success(), "{}", text(&out));
         c.wait_status(id, "RUNNING");
     };
-    let limit = || {
-        std::fs::read_to_string(format!("/sys/fs/cgroup/memory/default/{target}/memory.limit_in_bytes"))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
+    let limit = || cgroup::memory_limit(&format!("/default/{target}"));
     // While `target` itself is created, the update finds nothing running.
     run(target);
     assert_ne!(limit(), "67108864");
@@ -550,9 +556,14 @@ fn exec_with_piped_stdin_sees_end_of_file() {
 
 /// Task.Stats on cgroup v1 carries what runc's shim gives for the same
 /// container: the hierarchical memory counters CRI reads for the working
-/// set (`total_inactive_file`, ...) and CPU times in nanoseconds.
+/// set (`total_inactive_file`, ...) and CPU times in nanoseconds. On a
+/// cgroup v2 host (the VM lane) runc's shim sends the v2 metrics type: the
+/// same comparison is made on its fields (`metrics_match_runc_on_cgroup_v2`).
 #[test]
 fn metrics_match_runc_on_cgroup_v1() {
+    if cgroup::v2() {
+        return metrics_match_runc_on_cgroup_v2();
+    }
     let c = Containerd::start(Setup::default());
     let fifo = c.dir.path().join("fifo").display().to_string();
     let rootfs = c.rootfs.display().to_string();
@@ -621,5 +632,74 @@ fn metrics_match_runc_on_cgroup_v1() {
         }
         let anon = mem["total_active_anon"].as_u64().unwrap_or(0) + mem["total_inactive_anon"].as_u64().unwrap_or(0);
         assert!(anon > 0, "{name}: anonymous memory: {v}");
+    }
+}
+
+/// The cgroup v2 side of `metrics_match_runc_on_cgroup_v1`: the v2 metrics
+/// type (`ctr t metrics` JSON), page cache in `memory.file`, CPU times in
+/// microseconds that add up, every memory counter runc reports.
+fn metrics_match_runc_on_cgroup_v2() {
+    let c = Containerd::start(Setup::default());
+    let fifo = c.dir.path().join("fifo").display().to_string();
+    let rootfs = c.rootfs.display().to_string();
+    let script = "dd if=/dev/zero of=/tmp/f bs=1M count=16 2>/dev/null; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; cat /tmp/f > /dev/null; sleep 300";
+    let metrics = |runtime: &str, id: &str| -> serde_json::Value {
+        let out = c.ctr(&[
+            "run",
+            "--fifo-dir",
+            &fifo,
+            "--runtime",
+            runtime,
+            "-d",
+            "--rootfs",
+            &rootfs,
+            id,
+            "/bin/sh",
+            "-c",
+            script,
+        ]);
+        assert!(out.status.success(), "{runtime}: {}", text(&out));
+        c.wait_status(id, "RUNNING");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = c.ctr(&["t", "metrics", "--format", "json", id]);
+            assert!(out.status.success(), "{runtime}: {}", text(&out));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metrics json");
+            let done = v["memory"]["file"].as_u64().unwrap_or(0) >= 16 << 20
+                && v["cpu"]["user_usec"].as_u64().unwrap_or(0) > 0;
+            if done || Instant::now() > deadline {
+                let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let runc = metrics("io.containerd.runc.v2", "ctrd-metrics-runc");
+    let ours = metrics("io.containerd.nri-shim.v2", "ctrd-metrics-nri");
+    for (name, v) in [("runc", &runc), ("nri-shim", &ours)] {
+        assert!(
+            v["memory"]["file"].as_u64().unwrap_or(0) >= 16 << 20,
+            "{name}: page cache in memory.file (v2 metrics): {v}"
+        );
+        let cpu = &v["cpu"];
+        let (total, user, system) = (
+            cpu["usage_usec"].as_u64().unwrap_or(0),
+            cpu["user_usec"].as_u64().unwrap_or(0),
+            cpu["system_usec"].as_u64().unwrap_or(0),
+        );
+        assert!(
+            total > 0 && user + system > total / 4 && user + system < total * 4,
+            "{name}: cpu {cpu}"
+        );
+    }
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        let mut k: Vec<String> = v["memory"].as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    let ours_keys = keys(&ours);
+    let volatile = ["file_dirty", "file_writeback"];
+    for k in keys(&runc).iter().filter(|k| !volatile.contains(&k.as_str())) {
+        assert!(ours_keys.contains(k), "runc reports {k}, nri-shim does not: {ours}");
     }
 }
