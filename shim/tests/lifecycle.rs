@@ -234,17 +234,56 @@ impl Fixture {
     }
 }
 
+/// Whether `/sys/fs/cgroup` is a pure cgroup v2 hierarchy (the VM lane,
+/// scripts/vm/lane.sh) rather than this host's v1 (hybrid) one.
+fn cgroup_v2() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// The cgroup of task `id` relative to a hierarchy's root (see `bundle_ns`).
+fn cgroup_rel(id: &str) -> String {
+    format!("nri-shim-test/{}-{id}", std::process::id())
+}
+
+/// Whether task `id`'s cgroup is left anywhere: in the v2 hierarchy or in
+/// any v1 controller's (and a hybrid host's `unified`).
 fn cgroup_exists(id: &str) -> bool {
-    Path::new(&format!(
-        "/sys/fs/cgroup/memory/nri-shim-test/{}-{id}",
-        std::process::id()
-    ))
-    .exists()
-        || Path::new(&format!(
-            "/sys/fs/cgroup/pids/nri-shim-test/{}-{id}",
-            std::process::id()
-        ))
-        .exists()
+    let rel = cgroup_rel(id);
+    let root = Path::new("/sys/fs/cgroup");
+    root.join(&rel).is_dir()
+        || std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|c| c.path().join(&rel).is_dir())
+}
+
+/// Freezes task `id`'s cgroup behind the service's back: the v1 freezer's
+/// `freezer.state`, or v2's `cgroup.freeze` until `cgroup.events` says
+/// `frozen 1`.
+fn freeze_cgroup(id: &str) {
+    let rel = cgroup_rel(id);
+    if cgroup_v2() {
+        let cg = Path::new("/sys/fs/cgroup").join(rel);
+        std::fs::write(cg.join("cgroup.freeze"), "1").unwrap_or_else(|e| panic!("{}: {e}", cg.display()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(cg.join("cgroup.events"))
+            .unwrap()
+            .lines()
+            .any(|l| l == "frozen 1")
+        {
+            assert!(Instant::now() < deadline, "{} never frozen", cg.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    } else {
+        let state = Path::new("/sys/fs/cgroup/freezer").join(rel).join("freezer.state");
+        assert!(
+            state.exists(),
+            "{} missing (cgroup v1 freezer expected)",
+            state.display()
+        );
+        std::fs::write(&state, "FROZEN").unwrap();
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -353,8 +392,15 @@ async fn r24_exit_never_overtakes_start_and_exec_exits_come_first() {
     let start = topics_seen.iter().position(|t| *t == topics::START).unwrap();
     let exit = topics_seen.iter().position(|t| *t == topics::EXIT).unwrap();
     assert!(start < exit, "{topics_seen:?}");
-    // (b) an exec started while the init is about to exit.
-    f.create("short", &["/bin/usleep", "400000"]).await.unwrap();
+    // (b) an exec started while the init is about to exit: the init exits
+    // when told (SIGUSR1) right after the exec's start, not after a delay
+    // that a slow machine (the cgroup v2 lane's emulated VM) overruns.
+    f.create(
+        "short",
+        &["/bin/sh", "-c", "trap 'exit 0' USR1; while :; do usleep 20000; done"],
+    )
+    .await
+    .unwrap();
     f.service.start("test", "short", "").await.unwrap();
     let exec = |id: &str| {
         task_api::ExecProcessRequest {
@@ -369,6 +415,10 @@ async fn r24_exit_never_overtakes_start_and_exec_exits_come_first() {
     };
     f.service.exec("test", exec("e1")).await.unwrap();
     f.service.start("test", "short", "e1").await.unwrap();
+    f.service
+        .kill("test", "short", "", libc::SIGUSR1 as u32, false)
+        .await
+        .unwrap();
     f.service.wait("test", "short", "").await.unwrap();
     f.service.wait("test", "short", "e1").await.unwrap();
     let exits = f.sink.exits();
@@ -540,14 +590,7 @@ async fn paused_task_refuses_exec_and_dies_on_sigkill() {
     // service's back puts the task exactly there.
     f.create("kp", &["/bin/sleep", "30"]).await.unwrap();
     f.service.start("test", "kp", "").await.unwrap();
-    let cg = format!("/sys/fs/cgroup/freezer/nri-shim-test/{}-kp", std::process::id());
-    let state = Path::new(&cg).join("freezer.state");
-    assert!(
-        state.exists(),
-        "{} missing (cgroup v1 freezer expected)",
-        state.display()
-    );
-    std::fs::write(&state, "FROZEN").unwrap();
+    freeze_cgroup("kp");
     f.service
         .kill("test", "kp", "", libc::SIGKILL as u32, false)
         .await
@@ -598,7 +641,12 @@ async fn init_exit_kills_what_is_left_without_an_own_pid_namespace() {
     let f = Fixture::new().await;
     let bundle = f.bundle_ns(
         "hostpid",
-        &["/bin/sh", "-c", "sleep 1000 & sleep 0.5; exit 3"],
+        // Exits when told (SIGUSR1), once the exec runs.
+        &[
+            "/bin/sh",
+            "-c",
+            "trap 'exit 3' USR1; sleep 1000 & while :; do usleep 20000; done",
+        ],
         &["ipc", "uts", "mount"],
     );
     f.create_bundle("hostpid", bundle).await.unwrap();
@@ -616,12 +664,16 @@ async fn init_exit_kills_what_is_left_without_an_own_pid_namespace() {
     f.service.start("test", "hostpid", "e1").await.unwrap();
     let left = f.service.pids("test", "hostpid").await.unwrap();
     assert!(left.len() >= 3, "init, its sleep and the exec: {left:?}");
+    f.service
+        .kill("test", "hostpid", "", libc::SIGUSR1 as u32, false)
+        .await
+        .unwrap();
     let init = tokio::time::timeout(Duration::from_secs(10), f.service.wait("test", "hostpid", ""))
         .await
         .expect("init exits")
         .unwrap();
     assert_eq!(init.exit_status, 3);
-    let e1 = tokio::time::timeout(Duration::from_secs(2), f.service.wait("test", "hostpid", "e1"))
+    let e1 = tokio::time::timeout(Duration::from_secs(10), f.service.wait("test", "hostpid", "e1"))
         .await
         .expect("the exec is killed with the init")
         .unwrap();
@@ -683,19 +735,19 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once() {
 
 /// runc refuses `linux.resources.unified` on a cgroup v1 (or hybrid)
 /// host instead of ignoring it; so do we, naming the keys, and the create
-/// leaves nothing behind.
+/// leaves nothing behind. On a cgroup v2 host (the VM lane) runc writes the
+/// files; so do we, the same values.
 #[tokio::test(flavor = "current_thread")]
 async fn unified_resources_are_refused_on_cgroup_v1_as_by_runc() {
-    assert!(
-        !Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
-        "this test is for cgroup v1 hosts; the cgroup v2 lane checks the other side"
-    );
     let f = Fixture::new().await;
     let bundle = f.bundle("unified", &["/bin/true"]);
     let config = bundle.join("config.json");
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
     spec["linux"]["resources"]["unified"] = serde_json::json!({"memory.high": "50000000"});
     std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+    if cgroup_v2() {
+        return unified_resources_are_written_on_cgroup_v2_as_by_runc(f, bundle).await;
+    }
     let e = f.create_bundle("unified", bundle.clone()).await.unwrap_err();
     assert_eq!(e.code(), ttrpc::Code::INVALID_ARGUMENT, "{e}");
     assert!(e.to_string().contains("memory.high"), "{e}");
@@ -723,5 +775,50 @@ async fn unified_resources_are_refused_on_cgroup_v1_as_by_runc() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    f.nri.stop().await;
+}
+
+/// The cgroup v2 side of `unified_resources_are_refused_on_cgroup_v1_as_by_runc`.
+async fn unified_resources_are_written_on_cgroup_v2_as_by_runc(f: Fixture, bundle: PathBuf) {
+    let high = Path::new("/sys/fs/cgroup")
+        .join(cgroup_rel("unified"))
+        .join("memory.high");
+    let read = || {
+        std::fs::read_to_string(&high)
+            .unwrap_or_else(|e| panic!("{}: {e}", high.display()))
+            .trim()
+            .to_string()
+    };
+    f.create_bundle("unified", bundle.clone()).await.unwrap();
+    let ours = read();
+    f.service
+        .kill("test", "unified", "", libc::SIGKILL as u32, false)
+        .await
+        .unwrap();
+    f.service.wait("test", "unified", "").await.unwrap();
+    f.service.delete("test", "unified", "").await.unwrap();
+    assert!(!cgroup_exists("unified"), "cgroup left");
+    // runc on the same bundle (the same cgroupsPath), created, not started.
+    // (stdio to a file: the created container's init keeps it open.)
+    let root = f.dir.path().join("runc-root");
+    let log = f.dir.path().join("runc.err");
+    let runc = |args: &[&str]| {
+        std::process::Command::new("runc")
+            .arg("--root")
+            .arg(&root)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .status()
+            .expect("runc (apt-get install runc)")
+    };
+    let created = runc(&["create", "--bundle", bundle.to_str().unwrap(), "unified-runc"]);
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    let theirs = if created.success() { read() } else { String::new() };
+    let _ = runc(&["delete", "-f", "unified-runc"]);
+    assert!(created.success(), "runc refused unified on v2: {err}");
+    assert_ne!(theirs, "max", "runc did not write memory.high");
+    assert_eq!(ours, theirs, "memory.high: nri-shim {ours}, runc {theirs}");
     f.nri.stop().await;
 }
