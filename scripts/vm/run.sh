@@ -23,7 +23,12 @@ cd "$repo"
 timeout=${NRI_VM_TIMEOUT:-2400}
 cache=${NRI_VM_CACHE:-$repo/target/vm}
 
-nri_need_packages qemu-system-x86 busybox-static
+nri_need_packages busybox-static
+if ! command -v qemu-system-x86_64 >/dev/null; then
+    # Without its recommends (the GUI, firmware and tools we do not use).
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
+fi
 mapfile -t img < <(scripts/vm/image.sh "$cache")
 
 res=$(mktemp -d /tmp/nri-vm.XXXXXX)

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The cgroup v2 lane (issue 12): the shim's lifecycle tests
+# (shim/tests/lifecycle.rs), the containerd end-to-end tests
+# (integration/tests/containerd.rs) and the main job, run in a VM with a
+# pure cgroup v2 hierarchy (scripts/vm/run.sh) with the test binaries this
+# repository builds here. As root on Debian 12; .ci/run runs it after
+# scripts/test.sh, whose test build it reuses.
+#
+# Exit status 0 when every test passes or fails as a known v2 divergence
+# (the list below); any other failure, a suite that crashes or times out, a
+# failed main job, or a VM that is not cgroup v2 exits 1. The VM's output is
+# printed with a `vm| ` prefix, then the verdict; it is also kept in
+# target/vm/lane.log.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/lib/env.sh
+
+# Tests that fail on cgroup v2 today because of bugs issue 12 lists: run,
+# reported, not counted. SUITE::TEST, then the issue's item. Remove an
+# entry when its fix lands (the lane says when one passes).
+KNOWN_V2_DIVERGENCES=(
+    "lifecycle::an_oom_kill_in_a_running_container_is_published_at_once|issue 12 item 5: an OOM kill in a running container gives no /tasks/oom on v2 (memory.events read only at exit)"
+    "lifecycle::r27_failed_create_is_fast_and_leaves_nothing|issue 12 item 2: intermittent (1 run in 3): the v2-aware leak check found the v2 cgroup of a failed create (missing binary) left behind, the suite running in parallel in the VM; it passes alone"
+    "containerd::f_exec_kill_update_stats_through_containerd|issue 12 item 3: Task.Stats is always the v1 metrics type (ctr shows memory.usage_in_bytes, runc's shim sends v2: memory.usage)"
+    "containerd::metrics_match_runc_on_cgroup_v1|issue 12 item 3: Task.Stats is always the v1 metrics type (no memory.file, cpu.*_usec on v2)"
+)
+
+lane_start=$(date +%s)
+# (scripts/vm/run.sh installs qemu.)
+nri_need_packages pkg-config libseccomp-dev containerd runc busybox-static
+echo "== cgroup v2 lane: the test build (cargo test --workspace --no-run, what scripts/test.sh built)"
+build=$(cargo test --workspace --locked --no-run --message-format=json)
+exe() { # the executable of test target $1
+    echo "$build" | grep '"reason":"compiler-artifact"' | grep -F "\"name\":\"$1\",\"src_path\"" |
+        grep -F '"kind":["test"]' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
+}
+lifecycle=$(exe lifecycle)
+containerd=$(exe containerd)
+[ -x "$lifecycle" ] && [ -x "$containerd" ] || {
+    echo "lane: test binaries not found (lifecycle '$lifecycle', containerd '$containerd')" >&2
+    exit 1
+}
+for b in containerd-shim-nri-shim-v2 nri-adjuster nri-test-plugin; do
+    [ -x "target/debug/$b" ] || { echo "lane: target/debug/$b missing" >&2; exit 1; }
+done
+
+log=target/vm/lane.log
+mkdir -p target/vm
+echo "== cgroup v2 lane: booting the VM (qemu TCG; the tests take several minutes)"
+vm_start=$(date +%s)
+vm_rc=0
+scripts/vm/run.sh scripts/vm/suites.sh "lifecycle=$lifecycle" "containerd=$containerd" main-job \
+    > "$log" 2>&1 || vm_rc=$?
+vm_secs=$(($(date +%s) - vm_start))
+sed 's/^/vm| /' "$log"
+
+# The verdict.
+problems=()
+grep -q '^== cgroup: cgroup2fs ' "$log" || problems+=("the VM's /sys/fs/cgroup is not cgroup2 (or the VM did not run)")
+declare -A known=()
+for e in "${KNOWN_V2_DIVERGENCES[@]}"; do known[${e%%|*}]=${e#*|}; done
+section() { # the lines of suite $1
+    awk -v s="$1" '$0 ~ "^== suite " s "( |$)" && $0 !~ " exit " {on=1; next}
+                   $0 ~ "^== suite " s " exit " {on=0} on' "$log"
+}
+passed=0
+known_failed=()
+for suite in lifecycle containerd; do
+    status=$(sed -n "s/^== suite $suite exit //p" "$log")
+    out=$(section "$suite")
+    if [ -z "$status" ]; then
+        problems+=("suite $suite did not finish")
+    elif [ "$status" != 0 ] && [ "$status" != 101 ]; then
+        problems+=("suite $suite exited with status $status (124: timed out; otherwise crashed)")
+    fi
+    echo "$out" | grep -q '^test result: ' || { problems+=("suite $suite printed no test result"); continue; }
+    passed=$((passed + $(echo "$out" | grep -cE '^test [^ ]+ \.\.\. ok$' || true)))
+    failed=$( {
+        echo "$out" | sed -n 's/^test \([^ ]*\) \.\.\. FAILED$/\1/p'
+        echo "$out" | awk '/^failures:$/ {on=1; next} on && /^    [^ ]+$/ {print $1; next} {on=0}'
+    } | sort -u)
+    [ "$status" != 101 ] || [ -n "$failed" ] || problems+=("suite $suite failed without naming a test")
+    for t in $failed; do
+        if [ -n "${known[$suite::$t]:-}" ]; then
+            known_failed+=("$suite::$t")
+        else
+            problems+=("$suite::$t failed:
+$(echo "$out" | awk -v t="$t" '$0 == "---- " t " stdout ----" {on=1; n=0; next}
+                               on && (/^---- / || /^failures:$/) {on=0} on && n++ < 25 {print "      " $0}')")
+        fi
+    done
+done
+main=$(section main-job)
+main_status=$(sed -n 's/^== suite main-job exit //p' "$log")
+if [ "$main_status" != 0 ]; then
+    problems+=("the main job exited with status ${main_status:-none}")
+elif ! echo "$main" | grep -q 'FOO=from-nri-adjuster' || ! echo "$main" | grep -q 'memory limit: 134217728 bytes'; then
+    problems+=("the main job's container did not see the plugin's env and 128 MiB memory limit")
+else
+    passed=$((passed + 1))
+fi
+
+echo "== cgroup v2 lane: known v2 divergences (failed as expected, not counted):"
+for e in "${KNOWN_V2_DIVERGENCES[@]}"; do
+    t=${e%%|*}
+    if printf '%s\n' "${known_failed[@]}" | grep -qxF "$t"; then
+        echo "   FAILED (known)  $t  -- ${e#*|}"
+    elif grep -qE "^test ${t#*::} \.\.\. ok$" <<<"$(section "${t%%::*}")"; then
+        echo "   PASSED          $t  -- fixed, or an intermittent one passing: once it keeps passing, remove it from KNOWN_V2_DIVERGENCES in $0"
+    else
+        echo "   DID NOT RUN     $t"
+    fi
+done
+total=$(($(date +%s) - lane_start))
+echo "== cgroup v2 lane: $passed passed, ${#known_failed[@]} known v2 divergences, ${#problems[@]} other failures; VM ${vm_secs} s (status $vm_rc), lane ${total} s"
+if [ ${#problems[@]} -gt 0 ]; then
+    for p in "${problems[@]}"; do echo "FAIL: $p"; done
+    exit 1
+fi

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# scripts/vm/suites.sh NAME=TEST_BINARY... [main-job]: what the cgroup v2
+# lane runs inside the VM (scripts/vm/lane.sh passes the arguments), one
+# after the other, each bounded by a timeout, each between
+# `== suite NAME` and `== suite NAME exit STATUS` lines.
+set -u
+echo "== cgroup: $(stat -fc %T /sys/fs/cgroup) on $(uname -r), $(nproc) cpus"
+for arg in "$@"; do
+    case $arg in
+    main-job)
+        echo "== suite main-job"
+        NRI_SHIM_BIN_DIR=target/debug timeout -k 10 300 scripts/main-job.sh 2>&1
+        echo "== suite main-job exit $?"
+        ;;
+    *=*)
+        name=${arg%%=*}
+        echo "== suite $name (${arg#*=})"
+        timeout -k 10 "${NRI_VM_SUITE_TIMEOUT:-1200}" "${arg#*=}" 2>&1
+        echo "== suite $name exit $?"
+        ;;
+    esac
+done
