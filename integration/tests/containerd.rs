@@ -430,7 +430,12 @@ fn sigterm_exits_the_daemon_in_order() {
 /// daemon says it keeps the configuration it started with.
 #[test]
 fn config_edited_under_a_running_daemon_is_reported() {
-    let c = Containerd::start(Setup::default());
+    // The daemon must outlive the gap between the two runs, also in the
+    // slow cgroup v2 VM lane (there the default 2 s idle time passed).
+    let c = Containerd::start(Setup {
+        idle_timeout: "60s",
+        ..Default::default()
+    });
     let out = c.run("ctrd-cfg1", &["--rm"], &["/bin/true"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(!c.shim_log().contains("config changed"), "{}", c.shim_log());
