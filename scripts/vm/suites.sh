@@ -2,7 +2,9 @@
 # scripts/vm/suites.sh NAME=TEST_BINARY... [main-job]: what the cgroup v2
 # lane runs inside the VM (scripts/vm/lane.sh passes the arguments), one
 # after the other, each bounded by a timeout, each between
-# `== suite NAME` and `== suite NAME exit STATUS` lines.
+# `== suite NAME` and `== suite NAME exit STATUS` lines. A test suite gets
+# NRI_VM_SUITE_TIMEOUT seconds (default 900; the lane takes about 7 minutes
+# in all), the main job 300: together within run.sh's 2400.
 set -u
 echo "== cgroup: $(stat -fc %T /sys/fs/cgroup) on $(uname -r), $(nproc) cpus"
 for arg in "$@"; do
@@ -15,7 +17,7 @@ for arg in "$@"; do
     *=*)
         name=${arg%%=*}
         echo "== suite $name (${arg#*=})"
-        timeout -k 10 "${NRI_VM_SUITE_TIMEOUT:-1200}" "${arg#*=}" 2>&1
+        timeout -k 10 "${NRI_VM_SUITE_TIMEOUT:-900}" "${arg#*=}" 2>&1
         echo "== suite $name exit $?"
         ;;
     esac
