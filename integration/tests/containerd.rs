@@ -627,16 +627,14 @@ fn metrics_match_runc_on_cgroup_v1() {
         );
     }
     // Counters that are never zero for this container, in both: the
-    // hierarchical ones CRI reads (page faults, anonymous memory) and the
-    // limits. Which counters are zero at a given moment (and so left out of
+    // hierarchical ones CRI reads (page faults, rss) and the limits (the
+    // per-LRU anon/file split lags behind and can read zero). Which counters are zero at a given moment (and so left out of
     // the JSON) varies, so the lists of names are not compared.
     for (name, v) in [("nri-shim", &ours), ("runc", &runc)] {
         let mem = &v["memory"];
-        for k in ["total_pg_fault", "pg_fault", "hierarchical_memory_limit"] {
+        for k in ["total_pg_fault", "pg_fault", "total_rss", "hierarchical_memory_limit"] {
             assert!(mem[k].as_u64().unwrap_or(0) > 0, "{name}: {k}: {v}");
         }
-        let anon = mem["total_active_anon"].as_u64().unwrap_or(0) + mem["total_inactive_anon"].as_u64().unwrap_or(0);
-        assert!(anon > 0, "{name}: anonymous memory: {v}");
     }
 }
 
