@@ -28,7 +28,8 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p
 }
 
-fn require(cmd: &str, package: &str) {
+/// Fails loudly, naming the Debian package, when `cmd` is not installed.
+pub(crate) fn require(cmd: &str, package: &str) {
     let ok = Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
         .stdout(Stdio::null())
@@ -182,7 +183,9 @@ log_level = "debug"
 
 /// Starts (or starts again) the containerd of `dir`: same config, root,
 /// state and environment; its log is appended to.
-fn spawn_containerd(t: &Path) -> Child {
+/// Starts containerd with `t/config.toml`, `t/bin` first on its PATH (the
+/// shim), the shim config `t/shim.toml`, logging to `t/containerd.log`.
+pub(crate) fn spawn_containerd(t: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

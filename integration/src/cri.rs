@@ -32,7 +32,7 @@ use api::{image_service_client::ImageServiceClient, runtime_service_client::Runt
 pub use k8s_cri::v1 as api;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::containerd::{busybox_rootfs, workspace_bin};
+use crate::containerd::{busybox_rootfs, require, spawn_containerd, workspace_bin};
 
 /// The runtime handlers every behaviour runs with: the reference first.
 pub const HANDLERS: [&str; 2] = ["runc", "nri-shim"];
@@ -50,19 +50,6 @@ pub const NRI_ENV: (&str, &str) = ("NRI_LANE_VAR", "from-nri-adjuster");
 
 /// Deadline of every CRI request.
 const RPC_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn require(cmd: &str, package: &str) {
-    let ok = Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "`{cmd}` not found: apt-get install {package} (scripts/test.sh installs it)"
-    );
-}
 
 fn require_file(path: &str, package: &str) {
     assert!(
@@ -316,19 +303,7 @@ log_level = "debug"
         )
         .unwrap();
         let images = build_images(&t.join("images"));
-        let log = std::fs::File::create(t.join("containerd.log")).unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(t.join("config.toml"))
-            .current_dir(&t)
-            .env("PATH", path)
-            .env("NRI_SHIM_CONFIG", t.join("shim.toml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start containerd");
+        let child = spawn_containerd(&t);
         let cri = Cri {
             dir: t.clone(),
             sock,
