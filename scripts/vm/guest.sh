@@ -14,9 +14,19 @@ mount -t sysfs sysfs /sys
 mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
+# The checkout may live under a directory the tmpfs mounts below hide (a
+# clone in /tmp): hold it aside and put it back on top.
+cwd=$(cat $R/cwd)
+keep=/vm-keep
+case "$cwd/" in
+/tmp/* | /run/* | /dev/shm/*) mkdir -p $keep && mount --bind "$cwd" $keep ;;
+esac
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=0755 tmpfs /run
+if mountpoint -q $keep 2>/dev/null; then
+    mkdir -p "$cwd" && mount --move $keep "$cwd" || say "cannot put $cwd back"
+fi
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
     echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control || say "cannot enable controller $c"
@@ -25,7 +35,7 @@ ip link set lo up 2>/dev/null || /bin/busybox ip link set lo up
 hostname nri-vm
 say "cgroup2 controllers: $(cat /sys/fs/cgroup/cgroup.subtree_control); kernel $(uname -r)"
 (
-    cd "$(cat $R/cwd)" || exit 125
+    cd "$cwd" || exit 125
     exec timeout -k 10 "$(cat $R/timeout)" /bin/bash $R/cmd
 ) > $R/output 2>&1 < /dev/null
 echo $? > $R/status.tmp
