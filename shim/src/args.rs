@@ -38,6 +38,16 @@ pub enum ArgsError {
     /// More than one positional argument.
     #[error("unexpected argument {0:?}")]
     Unexpected(String),
+    /// `start` or `delete` without a flag containerd always passes (run by
+    /// hand, it would start a daemon on the system's NRI socket keyed on
+    /// an empty containerd address, or delete nothing and exit 0).
+    #[error("{action} needs -{flag} (containerd passes it)")]
+    Missing {
+        /// The action.
+        action: &'static str,
+        /// The missing flag, without its dash.
+        flag: &'static str,
+    },
 }
 
 /// What `-h` prints.
@@ -93,6 +103,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, ArgsError
             _ => return Err(ArgsError::UnknownFlag(a)),
         }
     }
+    let action = match f.action.as_str() {
+        "start" => "start",
+        "delete" => "delete",
+        _ => return Ok(f),
+    };
+    for (flag, value) in [("namespace", &f.namespace), ("address", &f.address), ("id", &f.id)] {
+        if value.is_empty() && !f.help && !f.version {
+            return Err(ArgsError::Missing { action, flag });
+        }
+    }
     Ok(f)
 }
 
@@ -134,6 +154,24 @@ mod tests {
         assert_eq!(p("-id").unwrap_err(), ArgsError::MissingValue("-id".into()));
         assert_eq!(p("-bogus start").unwrap_err(), ArgsError::UnknownFlag("-bogus".into()));
         assert_eq!(p("start delete").unwrap_err(), ArgsError::Unexpected("delete".into()));
+        assert_eq!(
+            p("start").unwrap_err(),
+            ArgsError::Missing {
+                action: "start",
+                flag: "namespace"
+            }
+        );
+        assert_eq!(
+            p("-namespace n -address /a delete").unwrap_err().to_string(),
+            "delete needs -id (containerd passes it)"
+        );
+        assert_eq!(
+            p("-namespace n -id x start").unwrap_err(),
+            ArgsError::Missing {
+                action: "start",
+                flag: "address"
+            }
+        );
         assert!(p("-v").unwrap().version);
         assert!(p("--help").unwrap().help && p("-h").unwrap().help);
     }
