@@ -73,6 +73,18 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     })
 }
 
+/// A plugin timeout: a [`duration`] above zero (zero would mean no timeout
+/// at all, so a hung plugin would block every create).
+fn timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let t = duration(d)?;
+    if t.is_zero() {
+        return Err(serde::de::Error::custom(
+            "a plugin timeout must be more than 0 (0 would mean waiting forever for a hung plugin)",
+        ));
+    }
+    Ok(t)
+}
+
 /// Parses a duration in Go's `time.ParseDuration` form, which containerd's
 /// NRI keys take: one or more `<decimal><unit>` with unit `ns`, `us` (`µs`),
 /// `ms`, `s`, `m` or `h`, or `0` alone. No sign, no spaces. `None` for
@@ -135,11 +147,11 @@ pub struct NriConfig {
     pub plugin_path: PathBuf,
     /// Drop-in configuration of pre-installed plugins.
     pub plugin_config_path: PathBuf,
-    /// Time a plugin has to register.
-    #[serde(deserialize_with = "duration")]
+    /// Time a plugin has to register (more than zero).
+    #[serde(deserialize_with = "timeout")]
     pub plugin_registration_timeout: Duration,
-    /// Time a plugin has to answer one request.
-    #[serde(deserialize_with = "duration")]
+    /// Time a plugin has to answer one request (more than zero).
+    #[serde(deserialize_with = "timeout")]
     pub plugin_request_timeout: Duration,
     /// No socket for external plugins.
     pub disable_connections: bool,
@@ -422,6 +434,13 @@ mod tests {
         assert!(!e.to_string().contains('\n'), "{e}");
         let e = Config::parse("[nri]\nplugin_request_timeout = \"soon\"\n", Path::new("c.toml")).unwrap_err();
         assert!(e.to_string().contains("plugin_request_timeout"), "{e}");
+        for key in ["plugin_request_timeout", "plugin_registration_timeout"] {
+            let e = Config::parse(&format!("[nri]\n{key} = \"0s\"\n"), Path::new("c.toml")).unwrap_err();
+            assert!(
+                e.to_string().contains(key) && e.to_string().contains("more than 0"),
+                "{e}"
+            );
+        }
         let e = Config::parse("[nri.failure_policy]\n\"10-a\" = \"maybe\"\n", Path::new("c.toml")).unwrap_err();
         assert!(e.to_string().contains("maybe"), "{e}");
         let e = Config::parse("[shim]\nlog_level = \"loud\"\n", Path::new("c.toml")).unwrap_err();
