@@ -141,6 +141,12 @@ impl Fixture {
     async fn new() -> Fixture {
         // As the daemon: container processes re-parent to us when helpers exit.
         nri_shim::monitor::set_subreaper().unwrap();
+        // The tests' shared parent cgroup exists before any create: on
+        // cgroup v2 libcgroups creates each level with a plain mkdir and
+        // fails with EEXIST when two parallel creates make the same parent.
+        if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            std::fs::create_dir_all("/sys/fs/cgroup/nri-shim-test").unwrap();
+        }
         let dir = tempfile::tempdir().unwrap();
         let sink = Arc::new(MemorySink::default());
         let state = dir.path().join("state");
