@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{cgroups::Cgroup, error::ShimError, helper, record::TaskRecord, service::short_hash};
+use crate::{cgroups::Cgroup, error::ShimError, helper, record::TaskRecord};
 
 /// A part of the task that could not be removed.
 #[derive(Debug, thiserror::Error)]
@@ -169,10 +169,7 @@ pub fn clean_up(record: &TaskRecord, bundle: &Path) -> Vec<CleanupError> {
             break;
         }
     }
-    let console = record
-        .daemon_dir
-        .join(format!("{}.console", short_hash(&format!("{}/{id}", record.namespace))));
-    let _ = std::fs::remove_file(console);
+    let _ = std::fs::remove_file(crate::layout::init_console(&record.daemon_dir, &record.namespace, id));
     problems
 }
 

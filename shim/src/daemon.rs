@@ -37,7 +37,7 @@ pub fn daemon_dir(config: &Config, address: &str) -> PathBuf {
 
 /// The daemon's task socket.
 pub fn socket_path(config: &Config, address: &str) -> PathBuf {
-    daemon_dir(config, address).join("task.sock")
+    crate::layout::task_socket(&daemon_dir(config, address))
 }
 
 fn answers(sock: &Path) -> bool {
@@ -414,7 +414,7 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
         Some(nri)
     };
     crate::monitor::spawn_stray_reaper().context("SIGCHLD handler")?;
-    let sock = dir.join("task.sock");
+    let sock = crate::layout::task_socket(&dir);
     let _ = std::fs::remove_file(&sock);
     let listener = tokio::net::UnixListener::bind(&sock).with_context(|| format!("listen on {}", sock.display()))?;
     let shutdown = Arc::new(tokio::sync::Notify::new());

@@ -34,6 +34,7 @@ pub mod error;
 pub mod events;
 pub mod helper;
 pub mod io;
+pub mod layout;
 pub mod monitor;
 pub mod nri;
 pub mod oom;

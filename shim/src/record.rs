@@ -74,12 +74,12 @@ pub struct TaskRecord {
 impl TaskRecord {
     /// The daemon's task socket.
     pub fn socket(&self) -> PathBuf {
-        self.daemon_dir.join("task.sock")
+        crate::layout::task_socket(&self.daemon_dir)
     }
 
     /// libcontainer's state root (one directory per container).
     pub fn libcontainer_root(&self) -> PathBuf {
-        self.daemon_dir.join("containers")
+        crate::layout::libcontainer_root(&self.daemon_dir)
     }
 
     /// Writes the record into `bundle` (atomically: readers see the old

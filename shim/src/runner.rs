@@ -140,7 +140,7 @@ impl HelperRunner {
 
     /// libcontainer's state root.
     pub fn libcontainer_root(&self) -> PathBuf {
-        self.state_root.join("containers")
+        crate::layout::libcontainer_root(&self.state_root)
     }
 
     fn watch(pid: Option<i32>, what: &str) -> Result<Arc<dyn Process>> {

@@ -19,7 +19,6 @@ use protobuf::MessageField;
 use super::{
     Service,
     process::{Proc, Task},
-    short_hash,
 };
 use crate::{
     bundle::{self, Bundle},
@@ -212,9 +211,7 @@ impl Service {
 
     /// The console socket of a task's init.
     fn console_path(&self, ns: &str, id: &str) -> PathBuf {
-        self.inner
-            .state_root
-            .join(format!("{}.console", short_hash(&format!("{ns}/{id}"))))
+        crate::layout::init_console(&self.inner.state_root, ns, id)
     }
 
     async fn undo_create(&self, ns: &str, req: &task_api::CreateTaskRequest, undo: Undo) {
