@@ -105,6 +105,14 @@ impl Cgroup {
             .map_err(|e| err("update", &self.path, e))
     }
 
+    /// Removes the cgroup's directories (it must be empty).
+    ///
+    /// # Errors
+    /// A directory could not be removed.
+    pub fn remove(&self) -> Result<()> {
+        self.manager.remove().map_err(|e| err("remove", &self.path, e))
+    }
+
     /// Freezes or thaws every process.
     ///
     /// # Errors

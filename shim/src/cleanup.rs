@@ -206,18 +206,12 @@ fn kill_cgroup(path: &Path, id: &str) -> Result<(), CleanupError> {
 }
 
 fn remove_cgroup(path: &Path, id: &str) -> Result<(), CleanupError> {
-    let err = |e: &dyn std::fmt::Display| CleanupError::RemoveCgroup {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    };
-    use libcgroups::common::CgroupManager as _;
-    let m = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
-        cgroup_path: path.to_path_buf(),
-        systemd_cgroup: false,
-        container_name: id.to_string(),
-    })
-    .map_err(|e| err(&e))?;
-    m.remove().map_err(|e| err(&e))
+    Cgroup::open(path, id)
+        .and_then(|c| c.remove())
+        .map_err(|e| CleanupError::RemoveCgroup {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
 }
 
 #[cfg(test)]

@@ -224,14 +224,7 @@ fn run(req: Request) -> Response {
                     // remove what we know of by hand.
                     tracing::warn!(container = %id, error = %chain(&e), "libcontainer state unreadable, removing it");
                     if let Some(path) = cgroups_path {
-                        use libcgroups::common::CgroupManager as _;
-                        if let Ok(m) = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
-                            cgroup_path: path,
-                            systemd_cgroup: false,
-                            container_name: id.clone(),
-                        }) {
-                            let _ = m.remove();
-                        }
+                        let _ = crate::cgroups::Cgroup::open(&path, &id).and_then(|c| c.remove());
                     }
                     let _ = std::fs::remove_dir_all(&dir);
                     Ok(None)
