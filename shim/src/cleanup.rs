@@ -100,15 +100,12 @@ impl CreateLock {
                 .write(true)
                 .open(&path)
                 .ok()?;
-            let lock = libc::flock {
-                l_type: libc::F_WRLCK as i16,
-                l_whence: libc::SEEK_SET as i16,
-                l_start: 0,
-                l_len: 0,
-                l_pid: 0,
-            };
-            // SAFETY: a valid fd and flock struct.
-            if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) } == 0 {
+            if nix::fcntl::fcntl(
+                file.as_raw_fd(),
+                nix::fcntl::FcntlArg::F_SETLK(&whole_file_write_lock()),
+            )
+            .is_ok()
+            {
                 // The holder before us may have removed the file we locked.
                 if std::fs::metadata(&path).is_ok() {
                     return Some(CreateLock { path, _file: file });
@@ -120,6 +117,17 @@ impl CreateLock {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+/// A POSIX write lock on the whole file.
+fn whole_file_write_lock() -> libc::flock {
+    libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
     }
 }
 
@@ -239,16 +247,10 @@ mod tests {
         // SAFETY: the child only calls fcntl and _exit.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
-                let mut l = libc::flock {
-                    l_type: libc::F_WRLCK as i16,
-                    l_whence: libc::SEEK_SET as i16,
-                    l_start: 0,
-                    l_len: 0,
-                    l_pid: 0,
-                };
-                // SAFETY: valid fd and struct.
-                let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut l) };
-                unsafe { libc::_exit(i32::from(r == 0 && l.l_type != libc::F_UNLCK as i16)) }
+                let mut l = whole_file_write_lock();
+                let r = nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_GETLK(&mut l));
+                // SAFETY: _exit in the forked child, no destructors run.
+                unsafe { libc::_exit(i32::from(r.is_ok() && l.l_type != libc::F_UNLCK as i16)) }
             }
             nix::unistd::ForkResult::Parent { child } => matches!(
                 nix::sys::wait::waitpid(child, None).unwrap(),
