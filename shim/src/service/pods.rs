@@ -144,9 +144,8 @@ impl Service {
         }
     }
 
-    /// The NRI side of a delete, after StopContainer: RemoveContainer for
-    /// a container, RemovePodSandbox for the pod a sandbox (or an own-pod
-    /// container) ends.
+    /// RemoveContainer for a deleted container (not a sandbox), after its
+    /// StopContainer; the pod's end is [`Service::nri_pod_removed`].
     pub(super) async fn nri_removed(&self, task: &Arc<Task>) {
         let nri = self.nri();
         let pod = self.pod(&task.pod_id);
