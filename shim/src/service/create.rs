@@ -46,9 +46,9 @@ impl Service {
     /// state, cgroup, mount or socket; the id can be used again at once).
     ///
     /// # Errors
-    /// [`ShimError::AlreadyExists`], [`ShimError::Nri`] when plugins refuse
-    /// the container, [`ShimError::InvalidArgument`] for a bad spec or
-    /// stdio, [`ShimError::Runtime`] when the runner fails.
+    /// [`crate::error::ShimError::AlreadyExists`], [`crate::error::ShimError::Nri`] when plugins refuse
+    /// the container, [`crate::error::ShimError::InvalidArgument`] for a bad spec or
+    /// stdio, [`crate::error::ShimError::Runtime`] when the runner fails.
     pub async fn create(&self, ns: &str, req: task_api::CreateTaskRequest) -> Result<task_api::CreateTaskResponse> {
         let reservation = self.inner.tasks.reserve(ns, &req.id)?;
         let log_key = format!("{ns}/{}", req.id);
