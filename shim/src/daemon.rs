@@ -60,21 +60,17 @@ fn answers(sock: &Path) -> bool {
 pub fn start_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
     let sock = socket_path(config, &flags.address);
     let dir = daemon_dir(config, &flags.address);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // One starter at a time, and never while the daemon decides to exit on
+    // idle (it takes the same lock for its last check and the removal of
+    // its socket): a daemon that answers the probe here has accepted it as
+    // activity and stays for the client that follows.
+    let starting = start_lock(&dir)?;
     if !answers(&sock) {
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        // One starter at a time; the loser finds the daemon up.
-        let lock = std::fs::File::create(dir.join("start.lock")).context("start lock")?;
-        nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| e)
-            .context("lock start.lock")
-            .and_then(|_guard| {
-                if answers(&sock) {
-                    return Ok(());
-                }
-                let (child, ready) = spawn_daemon(flags, &dir)?;
-                wait_ready(child, ready, &dir)
-            })?;
+        let (child, ready) = spawn_daemon(flags, &dir)?;
+        wait_ready(child, ready, &dir)?;
     }
+    drop(starting);
     let address = format!("unix://{}", sock.display());
     let bundle = match &flags.bundle {
         Some(b) => b.clone(),
@@ -92,6 +88,16 @@ pub fn start_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
     write!(out, "{address}")?;
     out.flush()?;
     Ok(())
+}
+
+/// `<daemon dir>/start.lock`, taken by `start` around its probe (and the
+/// daemon's launch) and by the daemon around its idle exit; released when
+/// dropped.
+fn start_lock(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::File::create(dir.join("start.lock")).context("start lock")?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .context("lock start.lock")
 }
 
 /// How long `start` waits for a new daemon's startup result.
@@ -455,14 +461,31 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).context("SIGINT handler")?;
-    let reason = loop {
-        let quiet = service
+    let quiet = || {
+        service
             .idle_for()
-            .filter(|_| !nri.as_ref().is_some_and(|n| n.has_external_plugins()));
-        match (quiet, idle_since) {
+            .filter(|_| !nri.as_ref().is_some_and(|n| n.has_external_plugins()))
+    };
+    let reason = loop {
+        match (quiet(), idle_since) {
             (None, _) => idle_since = None,
             (Some(_), None) => idle_since = Some(Instant::now()),
-            (Some(q), Some(t)) if t.elapsed() >= idle && q >= idle => break "idle",
+            (Some(q), Some(t)) if t.elapsed() >= idle && q >= idle => {
+                // Decide under `start`'s lock: a starter that probed before
+                // we got it has been accepted (activity) by the time we look
+                // again; one that comes after finds no socket and starts a
+                // new daemon.
+                let lock_dir = dir.clone();
+                let lock = tokio::task::spawn_blocking(move || start_lock(&lock_dir)).await;
+                // Let a probe that connected meanwhile be accepted first.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if quiet().is_some_and(|q| q >= idle) {
+                    let _ = std::fs::remove_file(&sock);
+                    drop(lock);
+                    break "idle";
+                }
+                idle_since = None;
+            }
             _ => {}
         }
         let tick = idle.min(Duration::from_secs(1)).max(Duration::from_millis(50));
@@ -475,7 +498,11 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
         }
     };
     tracing::info!(reason, tasks = service.task_count(), "nri-shim daemon exiting");
-    let _ = std::fs::remove_file(&sock);
+    if reason != "idle" {
+        // (On idle it went under the start lock: a successor may own the
+        // path by now.)
+        let _ = std::fs::remove_file(&sock);
+    }
     let _ = server.shutdown().await;
     if let Some(n) = nri {
         n.stop().await;
