@@ -50,7 +50,10 @@ impl Callbacks {
                 tracing::warn!(containers = ?ids, "runtime failed to apply NRI container updates");
             }
             Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "runtime failed to apply NRI container updates"),
+            Err(e) => tracing::error!(
+                error = &*e as &dyn std::error::Error,
+                "runtime failed to apply NRI container updates"
+            ),
         }
     }
 
@@ -78,7 +81,7 @@ impl Callbacks {
                     tracing::info!(plugin, container = %ev.container_id, reason = %ev.reason, "NRI plugin evicts container");
                     let id = ev.container_id.clone();
                     if let Err(e) = f(ev).await {
-                        tracing::error!(plugin, container = %id, error = %e, "failed to evict container");
+                        tracing::error!(plugin, container = %id, error = &*e as &dyn std::error::Error, "failed to evict container");
                     }
                 }
                 None => {

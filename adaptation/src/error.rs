@@ -93,7 +93,7 @@ pub enum ValidationError {
         reason: String,
     },
     /// The validator plugin gave no verdict.
-    #[error("validator plugin {validator} failed: {source}")]
+    #[error("validator plugin {validator} failed")]
     Failed {
         /// `IDX-NAME` of the validator plugin.
         validator: String,
@@ -135,7 +135,7 @@ pub enum Error {
     #[error("NRI adaptation needs a {0} callback")]
     MissingCallback(&'static str),
     /// The external plugin socket could not be set up.
-    #[error("failed to set up NRI socket {path}: {what}: {source}")]
+    #[error("failed to set up NRI socket {path}: {what}")]
     Socket {
         /// The configured socket path.
         path: PathBuf,
@@ -145,7 +145,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The plugin directory could not be read.
-    #[error("failed to read NRI plugin directory {path}: {source}")]
+    #[error("failed to read NRI plugin directory {path}")]
     PluginDir {
         /// The directory.
         path: PathBuf,
@@ -161,10 +161,10 @@ pub enum Error {
         reason: String,
     },
     /// The runtime's sync callback failed.
-    #[error("runtime failed to list pods and containers for NRI sync: {0}")]
-    SyncCallback(BoxError),
+    #[error("runtime failed to list pods and containers for NRI sync")]
+    SyncCallback(#[source] BoxError),
     /// A plugin failed a request in a way that fails the runtime's request.
-    #[error("NRI plugin {plugin} failed {event}: {source}")]
+    #[error("NRI plugin {plugin} failed {event}")]
     Plugin {
         /// `IDX-NAME` of the plugin.
         plugin: String,
@@ -188,8 +188,9 @@ pub enum Error {
 mod tests {
     use super::*;
 
-    /// The typed validation errors print what the runtime's users saw
-    /// when they were text, and keep the plugin error as the source.
+    /// The typed validation errors say what failed at their level and keep
+    /// the plugin error as the source (std convention: the cause is not
+    /// repeated in the message, so a chain printer shows it once).
     #[test]
     fn validation_errors_keep_their_text_and_source() {
         let rejected = Error::from(ValidationError::Rejected {
@@ -204,13 +205,10 @@ mod tests {
             validator: "90-slow".into(),
             source: PluginError::Timeout(Duration::from_secs(2)),
         });
-        assert_eq!(
-            failed.to_string(),
-            "validator plugin 90-slow failed: no answer within 2s"
-        );
+        assert_eq!(failed.to_string(), "validator plugin 90-slow failed");
         let source = std::error::Error::source(&failed).expect("the plugin error");
         assert_eq!(source.to_string(), "no answer within 2s");
-        assert_eq!(nri_proto::error_chain(&failed), failed.to_string());
+        assert!(source.source().is_none());
         let Error::Validation(v) = failed else { unreachable!() };
         assert_eq!(v.validator(), "90-slow");
     }

@@ -210,7 +210,7 @@ pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::Unix
     let state = match inner.callbacks.state().await {
         Ok(s) => s,
         Err(e) => {
-            tracing::error!(plugin = %plugin.name(), error = %e, "runtime failed to list pods and containers, closing NRI plugin");
+            tracing::error!(plugin = %plugin.name(), error = &*e as &dyn std::error::Error, "runtime failed to list pods and containers, closing NRI plugin");
             plugin.close().await;
             return;
         }

@@ -111,7 +111,8 @@ async fn r4_plugin_error_fails_create_and_plugin_stays() {
     rt.wait_plugins(&["20-b"]).await;
 
     let err = rt.nri.create_container(create("c3")).await.expect_err("20-b fails c3");
-    let text = err.to_string();
+    // The plugin's text is the error's source; `{:#}` prints the chain as an embedder's edge would.
+    let text = format!("{:#}", anyhow::Error::new(err));
     assert!(text.contains("boom"), "error carries the plugin's text: {text}");
     assert!(text.contains("20-b"), "error names the plugin: {text}");
     assert_eq!(rt.nri.plugin_names(), ["20-b"], "20-b stays registered");

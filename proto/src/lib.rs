@@ -131,23 +131,3 @@ pub mod transport {
         Listener::new(futures::stream::once(async move { Ok(conn) }).chain(futures::stream::pending()))
     }
 }
-
-/// An error and its causes on one line, `: `-separated, leaving out a cause
-/// whose text is already in the line (the errors of this workspace, like many,
-/// include their source in their own message, so `{:#}` would repeat it).
-/// What the binaries of this workspace print when they fail.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = String::new();
-    let mut next = Some(e);
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
-}

@@ -99,7 +99,7 @@ pub enum MuxError {
     #[error("connection {0} has more than {READ_QUEUE_FRAMES} unread frames")]
     QueueOverflow(ConnId),
     /// Reading or writing the trunk failed.
-    #[error("trunk i/o: {0}")]
+    #[error("trunk i/o")]
     Io(#[from] io::Error),
 }
 

@@ -132,8 +132,8 @@ async fn main() {
         Ok(true) => std::process::exit(0),
         Ok(false) => std::process::exit(1),
         Err(e) => {
-            // The chain without repeats: our errors name their cause too.
-            eprintln!("nri-replay: {}", nri_proto::error_chain(e.as_ref()));
+            // `{:#}`: the error and its causes, outermost first.
+            eprintln!("nri-replay: {e:#}");
             std::process::exit(1);
         }
     }

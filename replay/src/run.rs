@@ -143,7 +143,7 @@ async fn run_step(
             c.state = st.into();
         }
     };
-    let e = |e: nri_adaptation::Error| e.to_string();
+    let e = |e: nri_adaptation::Error| format!("{:#}", anyhow::Error::new(e));
     match step {
         Step::RunPodSandbox(p) => {
             let pod = pod_of(p);

@@ -28,7 +28,7 @@ use crate::{cgroups::Cgroup, error::ShimError, helper, record::TaskRecord};
 #[derive(Debug, thiserror::Error)]
 pub enum CleanupError {
     /// The cgroup could not be opened.
-    #[error("cgroup {path}: {source}")]
+    #[error("cgroup {path}")]
     Cgroup {
         /// The container's cgroups path.
         path: PathBuf,
@@ -46,7 +46,7 @@ pub enum CleanupError {
         timeout: Duration,
     },
     /// libcontainer's delete failed (its state directory was removed anyway).
-    #[error("libcontainer delete of {id} in {root}: {source}")]
+    #[error("libcontainer delete of {id} in {root}")]
     Libcontainer {
         /// Task id.
         id: String,
@@ -218,7 +218,7 @@ fn remove_cgroup(path: &Path, id: &str) -> Result<(), CleanupError> {
         .and_then(|c| c.remove())
         .map_err(|e| CleanupError::RemoveCgroup {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: crate::error::chain(&e),
         })
 }
 

@@ -45,7 +45,7 @@ pub const CONFIG_ENV: &str = "NRI_SHIM_CONFIG";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file exists but cannot be read.
-    #[error("cannot read shim config {path}: {source}")]
+    #[error("cannot read shim config {path}")]
     Read {
         /// The file.
         path: PathBuf,

@@ -263,7 +263,7 @@ pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
         Ok(Some(r)) => r,
         other => {
             if let Err(e) = other {
-                eprintln!("nri-shim delete {}: {e}", flags.id);
+                eprintln!("nri-shim delete {}: {}", flags.id, crate::error::chain(&e));
             }
             TaskRecord {
                 version: crate::record::RECORD_VERSION,
@@ -285,14 +285,13 @@ pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
         outcome => {
             if let Err(e) = outcome {
                 eprintln!(
-                    "nri-shim delete {}: {}; cleaning up from {}",
+                    "nri-shim delete {}: {e:#}; cleaning up from {}",
                     flags.id,
-                    nri_proto::error_chain(e.as_ref()),
                     bundle.join(crate::record::RECORD_FILE).display()
                 );
             }
             for problem in crate::cleanup::clean_up(&record, &bundle) {
-                eprintln!("nri-shim delete {}: {problem}", flags.id);
+                eprintln!("nri-shim delete {}: {}", flags.id, crate::error::chain(&problem));
             }
         }
     }
@@ -370,7 +369,7 @@ pub fn daemon_main(flags: &Flags) -> anyhow::Result<()> {
     let mut ready = Ready::from_env();
     let r = daemon_run(flags, &mut ready);
     if let Err(e) = &r {
-        let reason = nri_proto::error_chain(e.as_ref());
+        let reason = format!("{e:#}");
         // shim.log first (stderr; time-stamped like the tracing lines), so
         // it names the reason by the time `start` fails.
         eprintln!(

@@ -26,16 +26,16 @@ pub enum ShimError {
     #[error("{0}")]
     Unimplemented(String),
     /// NRI plugins refused the container (conflict, rejection, plugin error).
-    #[error("NRI: {0}")]
+    #[error(transparent)]
     Nri(#[from] nri_adaptation::Error),
     /// The adjusted spec could not be applied.
-    #[error("NRI adjustment: {0}")]
+    #[error("NRI adjustment")]
     Adjust(#[from] nri_adaptation::AdjustError),
     /// Running the container failed.
     #[error("runtime: {0}")]
     Runtime(String),
     /// I/O on the bundle, fifos or sockets failed.
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         /// What was being done.
         context: String,
@@ -67,9 +67,22 @@ impl ShimError {
 }
 
 impl From<ShimError> for ttrpc::Error {
+    /// The status message is the whole [`chain`]: containerd shows it as
+    /// is, and the root cause (path, errno, plugin) is usually the last link.
     fn from(e: ShimError) -> Self {
-        ttrpc::Error::RpcStatus(ttrpc::get_status(e.code(), e.to_string()))
+        ttrpc::Error::RpcStatus(ttrpc::get_status(e.code(), chain(&e)))
     }
+}
+
+/// `e` and its causes on one line, outermost first, `: `-separated.
+///
+/// Errors here follow the std convention: a message says what failed at
+/// its own level and leaves its cause to [`std::error::Error::source`], so
+/// whoever shows an error to a person (a ttrpc reply, a log line, an exit
+/// message) walks the chain once, here.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let causes = std::iter::successors(Some(e), |e| e.source());
+    causes.map(|e| e.to_string()).collect::<Vec<_>>().join(": ")
 }
 
 /// Result of task operations.
@@ -102,7 +115,7 @@ mod tests {
             (ShimError::io("ctx", std::io::ErrorKind::Other.into()), Code::UNKNOWN),
         ];
         for (e, code) in cases {
-            let text = e.to_string();
+            let text = chain(&e);
             match ttrpc::Error::from(e) {
                 ttrpc::Error::RpcStatus(s) => {
                     assert_eq!(s.code(), code, "{text}");

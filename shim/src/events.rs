@@ -96,7 +96,7 @@ async fn connect(address: &str) -> Option<EventsClient> {
     match ttrpc::asynchronous::Client::connect(&addr).await {
         Ok(c) => Some(EventsClient::new(c)),
         Err(e) => {
-            tracing::debug!(address, error = %e, "cannot connect to containerd's events service");
+            tracing::debug!(address, error = %crate::error::chain(&e), "cannot connect to containerd's events service");
             None
         }
     }

@@ -21,7 +21,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ShimError;
+use crate::error::{ShimError, chain};
 
 /// argv\[1\] that makes the shim binary act as a helper.
 pub const HELPER_ARG: &str = "__nri-shim-helper";
@@ -122,17 +122,6 @@ impl Response {
             }),
         }
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn failure(e: libcontainer::error::LibcontainerError) -> Response {

@@ -80,14 +80,10 @@ pub fn main() {
         other => Err(anyhow::anyhow!("unknown action {other:?} (start, delete)")),
     };
     if let Err(e) = result {
-        // The chain without repeats: our errors name their cause too. (The
-        // daemon logged its own, time-stamped, in its shim.log.)
+        // `{:#}`: the error and its causes, outermost first. (The daemon
+        // logged its own, time-stamped, in its shim.log.)
         if flags.action != "daemon" {
-            eprintln!(
-                "containerd-shim-nri-shim-v2 {}: {}",
-                flags.action,
-                nri_proto::error_chain(e.as_ref())
-            );
+            eprintln!("containerd-shim-nri-shim-v2 {}: {e:#}", flags.action);
         }
         std::process::exit(1);
     }

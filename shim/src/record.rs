@@ -33,7 +33,7 @@ pub const RECORD_VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     /// The file could not be written (or renamed into place).
-    #[error("write {path}: {source}")]
+    #[error("write {path}")]
     Write {
         /// The file.
         path: PathBuf,
@@ -41,7 +41,7 @@ pub enum RecordError {
         source: std::io::Error,
     },
     /// The file exists but could not be read.
-    #[error("read {path}: {source}")]
+    #[error("read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -49,7 +49,7 @@ pub enum RecordError {
         source: std::io::Error,
     },
     /// The file is not a record this shim understands.
-    #[error("parse {path}: {source}")]
+    #[error("parse {path}")]
     Parse {
         /// The file.
         path: PathBuf,

@@ -282,7 +282,7 @@ impl Runner for HelperRunner {
             Ok(w) => Some(Box::new(w)),
             Err(e) => {
                 // The exit still reports an OOM kill; only the early event is lost.
-                tracing::warn!(task = target.id, error = %e, "cannot watch OOM events");
+                tracing::warn!(task = target.id, error = %crate::error::chain(&e), "cannot watch OOM events");
                 None
             }
         }

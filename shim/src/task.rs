@@ -73,7 +73,7 @@ pub fn services(task: Arc<TaskService>) -> HashMap<String, ttrpc::asynchronous::
 async fn guarded<T>(what: &str, f: impl Future<Output = Result<T, ShimError>>) -> ttrpc::Result<T> {
     match AssertUnwindSafe(f).catch_unwind().await {
         Ok(r) => r.map_err(|e| {
-            tracing::debug!(request = what, error = %e, "task request failed");
+            tracing::debug!(request = what, error = %crate::error::chain(&e), "task request failed");
             e.into()
         }),
         Err(panic) => {

@@ -12,6 +12,7 @@ use containerd_shim_protos::api as task_api;
 use nri_adaptation::{Adaptation, api};
 use nri_shim::{
     bundle::EXIT_STATUS_FILE,
+    error::chain,
     events::{MemorySink, topics},
     runner::HelperRunner,
     service::Service,
@@ -496,7 +497,7 @@ async fn r27_failed_create_is_fast_and_leaves_nothing() {
     }
     // A binary that does not exist: libcontainer refuses at create.
     let e = f.create("t2", &["/nonexistent"]).await.unwrap_err();
-    assert!(e.to_string().contains("/nonexistent"), "{e}");
+    assert!(chain(&e).contains("/nonexistent"), "{}", chain(&e));
     assert!(!f.state_dir("t2").exists(), "libcontainer state left");
     assert!(!cgroup_exists("t2"), "cgroup left");
     assert_eq!(f.run("t2", &["/bin/true"]).await, 0, "the same id works at once");
@@ -520,7 +521,7 @@ async fn r6_plugin_refusal_rolls_back_and_the_retry_succeeds() {
     let f = Fixture::new().await;
     *f.recorder.fail_first_create_of.lock().unwrap() = Some("app".into());
     let e = f.create("app", &["/bin/true"]).await.unwrap_err();
-    assert!(e.to_string().contains("refused once"), "{e}");
+    assert!(chain(&e).contains("refused once"), "{}", chain(&e));
     assert_eq!(f.service.task_count(), 0);
     assert!(!f.state_dir("app").exists());
     // The plugins were told the failed container is gone.
@@ -557,7 +558,7 @@ async fn paused_task_refuses_exec_and_dies_on_sigkill() {
         .expect("exec in a paused task answers at once")
         .unwrap_err();
     assert_eq!(e.code(), ttrpc::Code::FAILED_PRECONDITION, "{e}");
-    assert!(e.to_string().contains("paused"), "{e}");
+    assert!(chain(&e).contains("paused"), "{}", chain(&e));
     f.service
         .kill("test", "pz", "", libc::SIGKILL as u32, false)
         .await
@@ -621,7 +622,7 @@ async fn nri_bind_mount_with_missing_source_is_named() {
     *f.recorder.missing_bind_source_for.lock().unwrap() = Some("bm".into());
     let e = f.create("bm", &["/bin/true"]).await.unwrap_err();
     assert_eq!(e.code(), ttrpc::Code::INVALID_ARGUMENT, "{e}");
-    let text = e.to_string();
+    let text = chain(&e);
     assert!(
         text.contains("/data") && text.contains("/nonexistent/nri-shim-test"),
         "{text}"
@@ -756,7 +757,7 @@ async fn unified_resources_are_refused_on_cgroup_v1_as_by_runc() {
     }
     let e = f.create_bundle("unified", bundle.clone()).await.unwrap_err();
     assert_eq!(e.code(), ttrpc::Code::INVALID_ARGUMENT, "{e}");
-    assert!(e.to_string().contains("memory.high"), "{e}");
+    assert!(chain(&e).contains("memory.high"), "{}", chain(&e));
     assert!(!f.state_dir("unified").exists());
     assert!(!cgroup_exists("unified"));
     // runc on the same bundle.

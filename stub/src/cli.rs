@@ -109,12 +109,13 @@ pub async fn serve(builder: StubBuilder) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Exits with status 1 after printing `PROGRAM: error: CAUSES` (each
-/// cause once) when `result` is an error.
+/// Exits with status 1 after printing `PROGRAM: error: ERROR: CAUSE: ...`
+/// (the error, then each [`source`](std::error::Error::source) in turn)
+/// when `result` is an error.
 pub fn exit_on_error<E: Into<Box<dyn std::error::Error + Send + Sync>>>(program: &str, result: Result<(), E>) {
     if let Err(e) = result {
-        let e: Box<dyn std::error::Error + Send + Sync> = e.into();
-        eprintln!("{program}: error: {}", crate::error_chain(&*e));
+        // `{:#}`: the error and its causes, outermost first.
+        eprintln!("{program}: error: {:#}", anyhow::Error::from_boxed(e.into()));
         std::process::exit(1);
     }
 }

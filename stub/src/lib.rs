@@ -62,11 +62,6 @@ use nri_proto::{mux::MuxError, naming::NamingError};
 /// with runtimes that call in-process plugins through the same adapter.
 pub use nri_proto::plugin::{BoxError, Plugin};
 
-/// An error and its causes on one line (see [`nri_proto::error_chain`]).
-/// For a plugin binary's exit message:
-/// `eprintln!("my-plugin: error: {}", nri_stub::error_chain(e.as_ref()))`.
-pub use nri_proto::error_chain;
-
 pub use self::{
     builder::StubBuilder,
     handle::StubHandle,
@@ -97,7 +92,7 @@ pub enum StubError {
     #[error("no events to subscribe to: an empty mask means every event to the runtime; use EventMask::VALID for that")]
     NoEvents,
     /// Connecting to the runtime's socket failed.
-    #[error("failed to connect to the NRI socket {path}: {source}")]
+    #[error("failed to connect to the NRI socket {path}")]
     Connect {
         /// The socket path dialled.
         path: PathBuf,
@@ -116,10 +111,10 @@ pub enum StubError {
     #[error(transparent)]
     Mux(#[from] MuxError),
     /// Starting the ttrpc server for the Plugin service failed.
-    #[error("failed to start the plugin's ttrpc server: {0}")]
-    Server(ttrpc::Error),
+    #[error("failed to start the plugin's ttrpc server")]
+    Server(#[source] ttrpc::Error),
     /// The runtime refused or did not answer RegisterPlugin.
-    #[error("failed to register plugin {plugin} with the runtime: {source}")]
+    #[error("failed to register plugin {plugin} with the runtime")]
     Register {
         /// `IDX-NAME` of this plugin.
         plugin: String,
@@ -138,6 +133,6 @@ pub enum StubError {
     #[error("connection to the runtime closed")]
     ConnectionClosed,
     /// An UpdateContainers request failed.
-    #[error("UpdateContainers failed: {0}")]
-    Update(ttrpc::Error),
+    #[error("UpdateContainers failed")]
+    Update(#[source] ttrpc::Error),
 }

@@ -102,7 +102,12 @@ impl Stub {
                         request_timeout: ms(req.request_timeout),
                         events,
                     }),
-                    Err(e) => Err(format!("configure handler failed: {e}")),
+                    Err(e) => {
+                        // The handler's error and its causes: the reason `run` reports.
+                        let causes = std::iter::successors(Some(&**e as &dyn std::error::Error), |e| e.source());
+                        let text = causes.map(|e| e.to_string()).collect::<Vec<_>>().join(": ");
+                        Err(format!("configure handler failed: {text}"))
+                    }
                 };
                 configured_tx.send_replace(Some(outcome));
             })

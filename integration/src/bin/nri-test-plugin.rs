@@ -331,10 +331,12 @@ async fn run(startup: serde_json::Value) {
     let handle = match stub.start().await {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("nri-test-plugin: {e}");
+            // A binary edge: the log line carries the whole cause chain.
+            let text = format!("{:#}", anyhow::Error::new(e));
+            eprintln!("nri-test-plugin: {text}");
             plugin.log(LogLine {
                 event: "StartFailed".into(),
-                error: e.to_string(),
+                error: text,
                 ..Default::default()
             });
             std::process::exit(1);
@@ -342,10 +344,14 @@ async fn run(startup: serde_json::Value) {
     };
     *plugin.handle.lock().unwrap() = Some(handle.clone());
     let result = handle.wait().await;
+    let failed = result.is_err();
     plugin.log(LogLine {
         event: "Exit".into(),
-        error: result.as_ref().err().map(|e| e.to_string()).unwrap_or_default(),
+        error: result
+            .err()
+            .map(|e| format!("{:#}", anyhow::Error::new(e)))
+            .unwrap_or_default(),
         ..Default::default()
     });
-    std::process::exit(if result.is_ok() { 0 } else { 1 });
+    std::process::exit(if failed { 1 } else { 0 });
 }

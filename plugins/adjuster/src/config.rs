@@ -15,7 +15,7 @@ mod parse;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file cannot be read.
-    #[error("cannot read adjuster config {path}: {source}")]
+    #[error("cannot read adjuster config {path}")]
     Read {
         /// The file.
         path: std::path::PathBuf,

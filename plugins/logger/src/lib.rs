@@ -56,7 +56,7 @@ mod record;
 #[derive(Debug, thiserror::Error)]
 pub enum LoggerError {
     /// The JSON-lines log file cannot be opened for appending.
-    #[error("cannot open log file {path}: {source}")]
+    #[error("cannot open log file {path}")]
     LogFile {
         /// The path given.
         path: PathBuf,
@@ -64,11 +64,13 @@ pub enum LoggerError {
         source: std::io::Error,
     },
     /// The drop-in configuration is not valid TOML or has an unknown key.
+    // The parser's text is the whole story (key, line, column): it is the
+    // message, not a separate cause.
     #[error("invalid nri-logger configuration: {0}")]
-    Config(#[from] toml::de::Error),
+    Config(toml::de::Error),
     /// The `events` list names an unknown event.
     #[error("invalid nri-logger configuration: events: {0}")]
-    Events(#[from] nri_proto::events::EventError),
+    Events(nri_proto::events::EventError),
 }
 
 /// The configuration a runtime may pass in Configure (from its drop-in
@@ -95,9 +97,9 @@ impl LoggerConfig {
     /// [`LoggerError::Config`] (naming the offending key) or
     /// [`LoggerError::Events`].
     pub fn parse(text: &str) -> Result<LoggerConfig, LoggerError> {
-        let cfg: LoggerConfig = toml::from_str(text)?;
+        let cfg: LoggerConfig = toml::from_str(text).map_err(LoggerError::Config)?;
         if let Some(e) = &cfg.events {
-            EventMask::parse(e)?;
+            EventMask::parse(e).map_err(LoggerError::Events)?;
         }
         Ok(cfg)
     }
@@ -108,7 +110,7 @@ impl LoggerConfig {
     /// [`LoggerError::Events`].
     pub fn event_mask(&self) -> Result<Option<EventMask>, LoggerError> {
         Ok(match &self.events {
-            Some(e) => Some(EventMask::parse(e)?),
+            Some(e) => Some(EventMask::parse(e).map_err(LoggerError::Events)?),
             None => None,
         })
     }

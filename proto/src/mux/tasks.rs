@@ -115,7 +115,7 @@ pub(super) async fn reader(shared: Weak<Shared>, read_half: OwnedReadHalf) {
         }
     };
     if let Some(e) = &err {
-        tracing::warn!(error = %e, "closing NRI mux trunk");
+        tracing::warn!(error = e as &dyn std::error::Error, "closing NRI mux trunk");
     }
     let Some(shared) = shared.upgrade() else {
         return;

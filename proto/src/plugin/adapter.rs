@@ -220,7 +220,7 @@ impl PluginAdapter {
             Ok(()) => api::ValidateContainerAdjustmentResponse::new(),
             Err(e) => api::ValidateContainerAdjustmentResponse {
                 reject: true,
-                reason: e.to_string(),
+                reason: wire_text(&*e),
                 ..Default::default()
             },
         }
@@ -232,7 +232,15 @@ fn status(code: ttrpc::Code, message: String) -> ttrpc::Error {
 }
 
 fn handler_error(e: BoxError) -> ttrpc::Error {
-    status(ttrpc::Code::UNKNOWN, e.to_string())
+    status(ttrpc::Code::UNKNOWN, wire_text(&*e))
+}
+
+/// The text a handler's error travels as: its message, then each cause,
+/// `: `-separated. `to_string` alone would drop an `anyhow` context's cause
+/// or a typed error's source, and the runtime only ever sees this text.
+fn wire_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let causes = std::iter::successors(Some(e), |e| e.source());
+    causes.map(|e| e.to_string()).collect::<Vec<_>>().join(": ")
 }
 
 /// The ttrpc side: each method forwards to the request method, or to

@@ -66,7 +66,7 @@ impl Service {
                 })
             }
             Err(e) => {
-                tracing::warn!(task = %req.id, namespace = ns, error = %e, "create failed, cleaning up");
+                tracing::warn!(task = %req.id, namespace = ns, error = %crate::error::chain(&e), "create failed, cleaning up");
                 self.undo_create(ns, &req, undo).await;
                 drop(reservation);
                 crate::shimlog::SHIM_LOG.detach(&log_key);
@@ -204,7 +204,7 @@ impl Service {
         if task.role != Role::Sandbox {
             let pod = self.pod(&task.pod_id);
             if let Err(e) = self.nri().post_create_container(&pod, &task.nri_container()).await {
-                tracing::warn!(task = %task.id, error = %e, "NRI PostCreateContainer failed");
+                tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "NRI PostCreateContainer failed");
             }
         }
     }

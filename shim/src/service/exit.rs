@@ -77,7 +77,7 @@ impl Service {
         let st = match process.wait().await {
             Ok(st) => st,
             Err(e) => {
-                tracing::error!(task = %task.id, pid = process.pid(), error = %e, "cannot reap process");
+                tracing::error!(task = %task.id, pid = process.pid(), error = %crate::error::chain(&e), "cannot reap process");
                 ExitStatus {
                     code: 255,
                     at: SystemTime::now(),
@@ -90,7 +90,7 @@ impl Service {
             // container's other processes (and execs) outlive the init,
             // keep its stdio open and CRI's stop waiting; kill them all.
             if let Err(e) = self.runner().kill_all(task.target(), libc::SIGKILL).await {
-                tracing::warn!(task = %task.id, error = %e, "killing the processes left after the init exited failed");
+                tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "killing the processes left after the init exited failed");
             }
         }
         let drained = lock(&proc.io).as_mut().and_then(ProcessIo::output_drained);

@@ -19,7 +19,9 @@ impl Service {
             Ok(()) => {
                 task.init.status.update(Status::thaw);
             }
-            Err(e) => tracing::warn!(task = %task.id, error = %e, "thawing a paused task for SIGKILL failed"),
+            Err(e) => {
+                tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "thawing a paused task for SIGKILL failed")
+            }
         }
     }
 

@@ -122,7 +122,7 @@ impl Service {
                 if self.inner.pods.stop(&task.pod_id)
                     && let Err(e) = nri.stop_pod_sandbox(&pod).await
                 {
-                    tracing::warn!(pod = %pod.id, error = %e, "NRI StopPodSandbox failed");
+                    tracing::warn!(pod = %pod.id, error = %crate::error::chain(&e), "NRI StopPodSandbox failed");
                 }
             }
             Role::Container | Role::OwnPod => {
@@ -138,7 +138,9 @@ impl Service {
                         self.apply_updates(updates).await;
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(task = %task.id, error = %e, "NRI StopContainer failed"),
+                    Err(e) => {
+                        tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "NRI StopContainer failed")
+                    }
                 }
             }
         }
@@ -152,7 +154,7 @@ impl Service {
         if task.role != Role::Sandbox
             && let Err(e) = nri.remove_container(&pod, &task.nri_container()).await
         {
-            tracing::warn!(task = %task.id, error = %e, "NRI RemoveContainer failed");
+            tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "NRI RemoveContainer failed");
         }
     }
 
@@ -163,7 +165,7 @@ impl Service {
         match task.role {
             Role::Sandbox => {
                 if let Err(e) = nri.remove_pod_sandbox(&pod).await {
-                    tracing::warn!(pod = %pod.id, error = %e, "NRI RemovePodSandbox failed");
+                    tracing::warn!(pod = %pod.id, error = %crate::error::chain(&e), "NRI RemovePodSandbox failed");
                 }
                 self.inner.pods.remove(&task.pod_id);
             }

@@ -75,7 +75,7 @@ impl Service {
         if task.role != Role::Sandbox
             && let Err(e) = nri.post_start_container(&pod, &task.nri_container()).await
         {
-            tracing::warn!(task = %task.id, error = %e, "NRI PostStartContainer failed");
+            tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "NRI PostStartContainer failed");
         }
         Ok(pid)
     }

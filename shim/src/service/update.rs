@@ -54,7 +54,7 @@ impl Service {
         if task.role != Role::Sandbox
             && let Err(e) = nri.post_update_container(&pod, &task.nri_container()).await
         {
-            tracing::warn!(task = %task.id, error = %e, "NRI PostUpdateContainer failed");
+            tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "NRI PostUpdateContainer failed");
         }
         Ok(())
     }
@@ -79,7 +79,7 @@ impl Service {
                 Some(t) => match self.apply_resources(&t, u.linux.resources.get_or_default()).await {
                     Ok(()) => true,
                     Err(e) => {
-                        tracing::warn!(container = %u.container_id, error = %e, "NRI container update failed");
+                        tracing::warn!(container = %u.container_id, error = %crate::error::chain(&e), "NRI container update failed");
                         false
                     }
                 },
