@@ -18,6 +18,9 @@ use std::{
 
 use integration::cri::{Client, Cri, NRI_ENV, NRI_NAMESPACE, PAUSE_CMDLINE, api, container, log_lines, shared};
 
+#[path = "cri/security.rs"]
+mod security;
+
 const NS: &str = "nri-lane";
 const WAIT: Duration = Duration::from_secs(30);
 
