@@ -274,3 +274,86 @@ async fn seccomp_localhost_profile_confines_init_and_exec() {
         runc.1
     );
 }
+
+/// Runs `mount` with `args` on the host; panics with its stderr on failure.
+fn host_mount(args: &[&str]) {
+    let out = std::process::Command::new("mount")
+        .args(args)
+        .output()
+        .expect("run mount");
+    assert!(
+        out.status.success(),
+        "mount {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether the host's mount table has a mount at `path`.
+fn host_has_mount(path: &std::path::Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.display().to_string();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+/// A volume's mount propagation (CRI's `PROPAGATION_*`, Kubernetes'
+/// `mountPropagation`) in a privileged container: (a mount made on the host
+/// under the volume after the start is seen in the container, a mount made
+/// in the container under the volume is seen on the host).
+async fn propagation(cri: &Cri, h: &'static str, mode: api::MountPropagation) -> (bool, bool) {
+    let vol = cri.dir.join(format!("propagation-{h}-{mode:?}"));
+    std::fs::create_dir_all(&vol).unwrap();
+    // A shared mount of its own, as kubelet's volume directories are (CRI
+    // refuses HostToContainer and Bidirectional on a private mount).
+    let v = vol.display().to_string();
+    host_mount(&["--bind", &v, &v]);
+    host_mount(&["--make-rshared", &v]);
+    let test = format!("propagation-{}", format!("{mode:?}").to_lowercase());
+    let (mut c, pod, cfg) = pod(cri, &test, NS, h, |p| {
+        p.linux.as_mut().unwrap().security_context.as_mut().unwrap().privileged = true;
+    })
+    .await;
+    let mut cc = secured(|sc| sc.privileged = true);
+    cc.command = vec!["sleep".into(), "1000".into()];
+    cc.mounts = vec![api::Mount {
+        container_path: "/mnt/vol".into(),
+        host_path: v.clone(),
+        propagation: mode as i32,
+        ..Default::default()
+    }];
+    let id = running(&mut c, &pod, &cfg, cc).await;
+    std::fs::create_dir_all(vol.join("from-host")).unwrap();
+    host_mount(&["-t", "tmpfs", "from-host", &vol.join("from-host").display().to_string()]);
+    let seen_in = c
+        .sh(&id, "grep -c ' /mnt/vol/from-host ' /proc/self/mountinfo")
+        .await
+        .trim()
+        != "0";
+    c.sh(
+        &id,
+        "mkdir -p /mnt/vol/from-container && mount -t tmpfs from-container /mnt/vol/from-container",
+    )
+    .await;
+    let seen_on_host = host_has_mount(&vol.join("from-container"));
+    c.remove_pod(&pod).await;
+    let _ = std::process::Command::new("umount").args(["-R", &v]).status();
+    (seen_in, seen_on_host)
+}
+
+#[tokio::test]
+async fn volume_mount_propagation() {
+    use api::MountPropagation::{PropagationBidirectional, PropagationHostToContainer, PropagationPrivate};
+    let cri = super::shared();
+    for (mode, want) in [
+        (PropagationPrivate, (false, false)),
+        (PropagationHostToContainer, (true, false)),
+        (PropagationBidirectional, (true, true)),
+    ] {
+        let (runc, nri) = both(|h| propagation(cri, h, mode)).await;
+        same(
+            &format!("{mode:?}: (host mount seen in the container, container mount seen on the host)"),
+            &runc,
+            &nri,
+        );
+        assert_eq!(runc, want, "runc with {mode:?}");
+    }
+}
