@@ -20,6 +20,8 @@ use integration::cri::{Client, Cri, NRI_ENV, NRI_NAMESPACE, PAUSE_CMDLINE, api, 
 
 #[path = "cri/security.rs"]
 mod security;
+#[path = "cri/streaming.rs"]
+mod streaming;
 
 const NS: &str = "nri-lane";
 const WAIT: Duration = Duration::from_secs(30);
