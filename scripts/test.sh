@@ -12,6 +12,7 @@ nri_need_packages pkg-config libseccomp-dev containerd busybox-static
 # nri-shim; containernetworking-plugins (bridge, host-local, loopback) for pod
 # networks; iproute2 (`ip`: the lane picks a free subnet, removes its bridge);
 # protobuf-compiler: the k8s-cri crate's build runs `protoc`.
-nri_need_packages runc containernetworking-plugins iproute2 protobuf-compiler
+# iptables: the CNI portmap plugin's hostPort rules.
+nri_need_packages runc containernetworking-plugins iproute2 protobuf-compiler iptables
 
 cargo test --workspace --locked

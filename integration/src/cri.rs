@@ -199,7 +199,7 @@ impl Cri {
         require("runc", "runc");
         require("containerd-shim-runc-v2", "containerd");
         require("ip", "iproute2");
-        for p in ["bridge", "host-local", "loopback"] {
+        for p in ["bridge", "host-local", "loopback", "portmap"] {
             require_file(&format!("/usr/lib/cni/{p}"), "containernetworking-plugins");
         }
         let tmp = tempfile::Builder::new().prefix("nri-cri-").tempdir().unwrap();
@@ -237,6 +237,10 @@ impl Cri {
                     "ranges": [[{ "subnet": subnet }]],
                     "dataDir": t.join("cni/ipam"),
                 },
+            }, {
+                // hostPort mappings (iptables DNAT), as a node's CNI chain has.
+                "type": "portmap",
+                "capabilities": { "portMappings": true },
             }],
         });
         std::fs::write(

@@ -214,3 +214,49 @@ async fn attach_to_a_tty_container() {
     same("attach -it", &runc, &nri);
     assert_eq!(runc, "attached-2 in 1");
 }
+
+/// A pod's `hostPort`: a TCP connection to the node's address at the host
+/// port reaches the container's port (CNI portmap, the same for both
+/// handlers since the runtime only has to keep the pod's network alive).
+async fn host_port(cri: &Cri, h: &'static str, port: u16) -> String {
+    let (mut c, pod, cfg) = pod(cri, &format!("hostport-{port}"), NS, h, |p| {
+        p.port_mappings = vec![api::PortMapping {
+            protocol: api::Protocol::Tcp as i32,
+            container_port: 8080,
+            host_port: i32::from(port),
+            host_ip: String::new(),
+        }];
+    })
+    .await;
+    let server = "while true; do echo served-by-container | nc -l -p 8080; done";
+    running(&mut c, &pod, &cfg, container("c", &["sh", "-c", server])).await;
+    let gw = format!("{}1", cri.subnet.trim_end_matches("0/24"));
+    let mut got = String::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Ok(mut s)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::TcpStream::connect((gw.as_str(), port)),
+        )
+        .await
+        {
+            use tokio::io::AsyncReadExt;
+            let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut got)).await;
+            if !got.is_empty() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.remove_pod(&pod).await;
+    got
+}
+
+#[tokio::test]
+async fn host_port_mapping_reaches_the_container() {
+    let cri = super::shared();
+    let base = 31000 + (std::process::id() % 500) as u16 * 2;
+    let (runc, nri) = tokio::join!(host_port(cri, "runc", base), host_port(cri, "nri-shim", base + 1));
+    same("hostPort 8080", &runc, &nri);
+    assert_eq!(runc, "served-by-container\n");
+}
