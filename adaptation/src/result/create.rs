@@ -119,6 +119,7 @@ impl CreateResult {
     /// building the protocol message costs as much as a plugin's merge,
     /// and only validators and reports need it.
     pub(crate) fn finish(mut self) -> Finished {
+        let container = self.request.container.take().unwrap_or_default();
         Finished {
             response: api::CreateContainerResponse {
                 adjust: MessageField::some(self.reply),
@@ -127,11 +128,12 @@ impl CreateResult {
             },
             pristine: self.pristine,
             owners: PendingOwners {
-                id: std::mem::take(&mut self.request.container.mut_or_insert_default().id),
+                id: container.id.clone(),
                 created: self.own,
                 others: self.owners,
             },
             pod: self.request.pod.take().unwrap_or_default(),
+            container,
         }
     }
 
