@@ -12,6 +12,7 @@ use super::{
 use crate::{
     owners::{FieldTable, Owners, Records},
     resources::{self, Keyed, Rules, removal_key},
+    spec::canonical_rlimit_type,
 };
 
 /// Accumulates the CreateContainer responses of all plugins.
@@ -168,7 +169,9 @@ impl CreateResult {
             }
         }
         for rl in a.rlimits {
-            self.own.claim_compound(Field::Rlimits, &rl.type_, plugin)?;
+            // `nofile` and `RLIMIT_NOFILE` are one limit (see adjust).
+            self.own
+                .claim_compound(Field::Rlimits, &canonical_rlimit_type(&rl.type_), plugin)?;
             self.request.container.mut_or_insert_default().rlimits.push(rl.clone());
             self.reply.rlimits.push(rl);
         }
