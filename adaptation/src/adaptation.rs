@@ -15,8 +15,9 @@ use crate::{
     builder::Builtin,
     callbacks::Callbacks,
     config::Options,
-    dispatch::{CreateReport, Dispatch},
+    dispatch::{CreateReport, Dispatch, Evictions},
     error::Error,
+    known::Known,
     registry::Registry,
     socket::Listener,
     sync::{self, PluginSyncBlock},
@@ -56,8 +57,12 @@ pub(crate) struct Inner {
     pub opts: Options,
     pub builtins: Vec<Builtin>,
     pub registry: Arc<Registry>,
-    /// Serializes runtime requests, as upstream's mutex.
-    request_lock: tokio::sync::Mutex<()>,
+    /// Serializes runtime requests, as upstream's mutex, and a joining
+    /// plugin's Synchronize against them (see [`crate::known`]).
+    pub request_lock: tokio::sync::Mutex<()>,
+    /// What the event methods saw of pods and containers, completing the
+    /// runtime's answer to a sync.
+    pub known: Known,
     /// Read side: runtime operations that must not interleave with an
     /// external plugin's sync; write side: that sync.
     pub sync_lock: Arc<tokio::sync::RwLock<()>>,
@@ -82,10 +87,20 @@ impl Inner {
         self.run().running
     }
 
+    /// Records a successful CreateContainer's container (as the plugins
+    /// adjusted it) and hands back the response.
+    fn record_created(
+        &self,
+        r: Result<(api::CreateContainerResponse, api::Container), Error>,
+    ) -> Result<api::CreateContainerResponse, Error> {
+        let (rsp, container) = r?;
+        self.known.created(container);
+        Ok(rsp)
+    }
+
     fn dispatch(&self) -> Dispatch<'_> {
         Dispatch {
             registry: &self.registry,
-            callbacks: &self.callbacks,
             opts: &self.opts,
         }
     }
@@ -109,6 +124,7 @@ impl Adaptation {
                 builtins,
                 registry: Arc::new(Registry::default()),
                 request_lock: tokio::sync::Mutex::new(()),
+                known: Known::default(),
                 sync_lock: Arc::new(tokio::sync::RwLock::new(())),
                 run: Mutex::new(RunState::default()),
                 lifecycle: tokio::sync::Mutex::new(()),
@@ -215,7 +231,9 @@ impl Adaptation {
 
     /// Holds off the synchronization of newly connected plugins until the
     /// returned guard is dropped (NRI `BlockPluginSync`). Take it before
-    /// any runtime lock the sync callback also takes.
+    /// any runtime lock the sync callback also takes. Not needed around a
+    /// create: a container created while a plugin joins reaches it anyway
+    /// (see the crate docs, "Creates against plugin sync").
     pub async fn block_plugin_sync(&self) -> PluginSyncBlock {
         PluginSyncBlock {
             _guard: self.inner.sync_lock.clone().read_owned().await,
@@ -229,7 +247,18 @@ impl Adaptation {
         container: Option<&api::Container>,
     ) -> Result<(), Error> {
         let _req = self.inner.request_lock.lock().await;
-        self.inner.dispatch().notify(event, pod, container).await
+        let r = self.inner.dispatch().notify(event, pod, container).await;
+        let known = &self.inner.known;
+        match (event, container) {
+            (Event::RUN_POD_SANDBOX, _) if r.is_ok() => known.pod_started(pod),
+            (Event::REMOVE_POD_SANDBOX, _) => known.pod_removed(&pod.id),
+            (Event::START_CONTAINER, Some(c)) if r.is_ok() => {
+                known.set_state(&c.id, api::ContainerState::CONTAINER_RUNNING)
+            }
+            (Event::REMOVE_CONTAINER, Some(c)) => known.container_removed(&c.id),
+            _ => {}
+        }
+        r
     }
 
     /// Relays RunPodSandbox.
@@ -287,8 +316,14 @@ impl Adaptation {
         &self,
         req: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, Error> {
-        let _req = self.inner.request_lock.lock().await;
-        self.inner.dispatch().create_container(req, None).await
+        let mut evictions = Evictions::default();
+        let r = {
+            let _req = self.inner.request_lock.lock().await;
+            let r = self.inner.dispatch().create_container(req, None, &mut evictions).await;
+            self.inner.record_created(r)
+        };
+        evictions.deliver(&self.inner.callbacks).await;
+        r
     }
 
     /// [`Adaptation::create_container`], also reporting what each plugin
@@ -299,8 +334,17 @@ impl Adaptation {
         req: api::CreateContainerRequest,
     ) -> (Result<api::CreateContainerResponse, Error>, CreateReport) {
         let mut report = CreateReport::default();
-        let _req = self.inner.request_lock.lock().await;
-        let r = self.inner.dispatch().create_container(req, Some(&mut report)).await;
+        let mut evictions = Evictions::default();
+        let r = {
+            let _req = self.inner.request_lock.lock().await;
+            let r = self
+                .inner
+                .dispatch()
+                .create_container(req, Some(&mut report), &mut evictions)
+                .await;
+            self.inner.record_created(r)
+        };
+        evictions.deliver(&self.inner.callbacks).await;
         (r, report)
     }
 
@@ -336,8 +380,18 @@ impl Adaptation {
     /// # Errors
     /// [`Error::Merge`] on conflicting updates, [`Error::Plugin`].
     pub async fn update_container(&self, req: api::UpdateContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
-        let _req = self.inner.request_lock.lock().await;
-        self.inner.dispatch().update_container(req).await
+        let mut evictions = Evictions::default();
+        let r = {
+            let _req = self.inner.request_lock.lock().await;
+            let target = req.container.clone().unwrap_or_default();
+            let r = self.inner.dispatch().update_container(req, &mut evictions).await;
+            if let Ok(Some(last)) = r.as_ref().map(|u| u.last()) {
+                self.inner.known.updated(&target, last.linux.resources.get_or_default());
+            }
+            r
+        };
+        evictions.deliver(&self.inner.callbacks).await;
+        r
     }
 
     /// Relays PostUpdateContainer.
@@ -355,7 +409,12 @@ impl Adaptation {
     /// [`Error::Merge`], [`Error::Plugin`].
     pub async fn stop_container(&self, req: api::StopContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
         let _req = self.inner.request_lock.lock().await;
-        self.inner.dispatch().stop_container(&req).await
+        let r = self.inner.dispatch().stop_container(&req).await;
+        // Stopped whatever the plugins answered: StopContainer reports it.
+        self.inner
+            .known
+            .set_state(&req.container.id, api::ContainerState::CONTAINER_STOPPED);
+        r
     }
 
     /// Relays RemoveContainer.

@@ -84,7 +84,10 @@ impl AdaptationBuilder {
 
     /// Evicts (stops) a container a plugin asked to evict, with its reason.
     /// Upstream NRI parses evictions and drops them; with this callback set
-    /// they are acted on. Without it, evictions are logged and ignored.
+    /// they are acted on: those in CreateContainer and UpdateContainer
+    /// replies (once the request is over, whether it succeeded or not) and
+    /// those of unsolicited UpdateContainers. Without it, evictions are
+    /// logged and ignored.
     pub fn with_evict_fn<F, Fut>(mut self, f: F) -> Self
     where
         F: Fn(api::ContainerEviction) -> Fut + Send + Sync + 'static,

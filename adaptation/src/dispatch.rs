@@ -40,11 +40,32 @@ pub struct CreateReport {
     pub owners: Option<api::OwningPlugins>,
 }
 
+/// Evictions plugins asked for in their replies to one request, in reply
+/// order. The caller delivers them to the evict callback once it released
+/// the request lock: the runtime stops an evicted container with
+/// StopContainer, another request.
+#[derive(Debug, Default)]
+pub(crate) struct Evictions(Vec<(String, Vec<api::ContainerEviction>)>);
+
+impl Evictions {
+    fn add(&mut self, plugin: &str, evict: Vec<api::ContainerEviction>) {
+        if !evict.is_empty() {
+            self.0.push((plugin.to_string(), evict));
+        }
+    }
+
+    /// Passes every eviction to the runtime's evict callback.
+    pub async fn deliver(self, callbacks: &Callbacks) {
+        for (plugin, evict) in self.0 {
+            callbacks.evict(&plugin, evict).await;
+        }
+    }
+}
+
 /// What dispatching one request needs of the adaptation. The caller holds
 /// the request lock.
 pub(crate) struct Dispatch<'a> {
     pub registry: &'a Arc<Registry>,
-    pub callbacks: &'a Callbacks,
     pub opts: &'a Options,
 }
 
@@ -112,13 +133,16 @@ impl Dispatch<'_> {
     }
 
     /// CreateContainer: each subscriber's adjustment merged in order, then
-    /// the merged result validated. `report` records each answer and the
-    /// field owners.
+    /// the merged result validated; also the container as the plugins
+    /// adjusted it. `report` records each answer and the
+    /// field owners; `evictions` collects the evictions of every reply,
+    /// also when the request fails (they concern other containers).
     pub async fn create_container(
         &self,
         req: api::CreateContainerRequest,
         mut report: Option<&mut CreateReport>,
-    ) -> Result<api::CreateContainerResponse, Error> {
+        evictions: &mut Evictions,
+    ) -> Result<(api::CreateContainerResponse, api::Container), Error> {
         let plugins = self.registry.snapshot();
         let mut validation = Validation::new(&self.opts.default_validator, &plugins);
         let mut result = CreateResult::with_pristine(req, validation.is_active());
@@ -130,8 +154,9 @@ impl Dispatch<'_> {
                 continue;
             }
             match p.create_container(result.request()).await {
-                Ok(rsp) => {
+                Ok(mut rsp) => {
                     validation.present(p);
+                    evictions.add(p.name(), std::mem::take(&mut rsp.evict));
                     if let Some(r) = report.as_deref_mut() {
                         r.plugins.push(PluginResponse {
                             plugin: p.name().to_string(),
@@ -164,17 +189,21 @@ impl Dispatch<'_> {
         validation
             .run(self.registry, done.pod, done.pristine, &done.response, done.owners)
             .await?;
-        Ok(done.response)
+        Ok((done.response, done.container))
     }
 
-    /// UpdateContainer: the subscribers' evictions passed on, their updates
-    /// merged.
-    pub async fn update_container(&self, req: api::UpdateContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
+    /// UpdateContainer: the subscribers' evictions collected in
+    /// `evictions`, their updates merged.
+    pub async fn update_container(
+        &self,
+        req: api::UpdateContainerRequest,
+        evictions: &mut Evictions,
+    ) -> Result<Vec<api::ContainerUpdate>, Error> {
         let mut result = UpdateResult::for_update(req);
         for p in self.subscribers(Event::UPDATE_CONTAINER) {
             match p.update_container(result.update_request()).await {
                 Ok(rsp) => {
-                    self.callbacks.evict(p.name(), rsp.evict).await;
+                    evictions.add(p.name(), rsp.evict);
                     result.apply(p.name(), rsp.update)?;
                 }
                 Err(e) => self.failed(&p, Event::UPDATE_CONTAINER, e).await?,

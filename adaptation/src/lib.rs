@@ -87,8 +87,10 @@
 //! stopped container's CPUs given to the rest). Updates plugins send on
 //! their own, and those in their Synchronize replies, reach the runtime
 //! through the update callback, which returns the ones it could not apply
-//! (leaving out failed ones marked `ignore_failure`). Evictions reach the
-//! evict callback: stop the container as the runtime would any other, which
+//! (leaving out failed ones marked `ignore_failure`). Evictions, from
+//! CreateContainer and UpdateContainer replies (delivered once that
+//! request is over, also when it failed) and from unsolicited
+//! UpdateContainers, reach the evict callback: stop the container as the runtime would any other, which
 //! sends StopContainer. Both callbacks run without any adaptation lock held,
 //! possibly while an event is in flight: the runtime serializes its own
 //! state.
@@ -113,12 +115,20 @@
 //! happened: send them only after it succeeded. Their errors cannot undo
 //! it; log them.
 //!
-//! **Creates against plugin sync.** A plugin that connects is synchronized
-//! with what the sync callback returns, then gets events. A container
-//! created while that happens could be in neither. Hold
-//! [`Adaptation::block_plugin_sync`] from before CreateContainer until the
-//! container is in the state the sync callback reports, taken before any
-//! runtime lock the sync callback also takes.
+//! **Creates against plugin sync.** Nothing to do: the adaptation makes
+//! sure a plugin that joins sees every pod and container, in its
+//! Synchronize or as an event. It completes the sync callback's answer
+//! with what its own event methods saw (pods from RunPodSandbox until
+//! RemovePodSandbox, containers from a successful CreateContainer until
+//! RemoveContainer, with their state and updated resources), so a runtime
+//! may record a new container after CreateContainer returned; and events
+//! wait while the plugin synchronizes, then reach it. The runtime's answer
+//! wins for what it reports, except for changes made by events after the
+//! sync callback was called. A runtime that fails a create after
+//! CreateContainer must send StopContainer and RemoveContainer (see above),
+//! or joining plugins are told of the container.
+//! [`Adaptation::block_plugin_sync`] (upstream's `BlockPluginSync`) still
+//! holds off syncs, for a runtime's own reasons.
 
 #![warn(missing_docs)]
 
@@ -129,6 +139,7 @@ mod config;
 pub mod convert;
 mod dispatch;
 mod error;
+mod known;
 mod launch;
 mod owners;
 mod plugin;

@@ -106,6 +106,8 @@ pub(crate) struct Finished {
     pub owners: PendingOwners,
     /// The pod of the request.
     pub pod: api::PodSandbox,
+    /// The container as the plugins left it (every accepted adjustment).
+    pub container: api::Container,
 }
 
 /// Owners of a finished CreateContainer merge, not yet in protocol form.

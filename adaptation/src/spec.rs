@@ -12,12 +12,17 @@
 //! * map removals (`-key`) are applied before sets (upstream walks a Go map
 //!   in random order);
 //! * every memory field is applied, not only a non-zero limit; when only
-//!   the limit changes and the spec's swap was the old limit (no swap) or
-//!   is now below the new limit, swap follows the limit, as upstream does to
-//!   keep runc's `swap >= limit` rule;
+//!   the limit changes, swap follows it (upstream always sets swap to the
+//!   limit) when the spec has no swap, or its swap was the old limit (no
+//!   swap), or is now below the new limit (runc's `swap >= limit` rule); an
+//!   unlimited swap (`-1`) or one above the new limit is kept;
 //! * seccomp keeps `default_errno`;
 //! * rlimits replace an existing limit of the same type instead of
 //!   appending a duplicate; hugepage limits likewise per page size;
+//! * rlimit types are accepted as upstream's generator passes them on,
+//!   any case, with or without the `RLIMIT_` prefix (`nofile`), and
+//!   written in the OCI form (`RLIMIT_NOFILE`) that runtimes accept
+//!   (upstream copies `nofile` into the spec, which runc then refuses);
 //! * environment entries without `=` are kept (upstream drops them), and
 //!   removing a variable (`-NAME`) works for variables of the original spec;
 //! * CDI devices, block I/O and RDT classes without a runtime-supplied
@@ -35,6 +40,7 @@ use oci_spec::runtime::{LinuxBlockIo, LinuxIntelRdt, LinuxNetDevice, Spec};
 pub(crate) use self::linux::device_type;
 pub(crate) use self::oci_resources::apply_resources;
 pub use self::oci_resources::{to_oci_resources, update};
+pub(crate) use self::process::canonical_rlimit_type;
 use self::{
     linux::{apply_devices, apply_namespaces, apply_rdt, memory_policy, seccomp},
     mounts::apply_mounts,
@@ -189,7 +195,9 @@ impl<'a> Adjuster<'a> {
             if resources_touch(r) {
                 let lin = linux(s);
                 let mut res = lin.resources().clone().unwrap_or_default();
+                let had_swap = res.memory().as_ref().is_some_and(|m| m.swap().is_some());
                 apply_resources(&mut res, r, true)?;
+                swap_follows_new_limit(&mut res, r, had_swap);
                 lin.set_resources(Some(res));
             }
             if let Some(class) = r.blockio_class.as_ref() {
@@ -255,6 +263,27 @@ fn process<'s>(s: &'s mut Spec, what: &str) -> Result<&'s mut oci_spec::runtime:
 
 fn linux(s: &mut Spec) -> &mut oci_spec::runtime::Linux {
     s.linux_mut().get_or_insert_with(Default::default)
+}
+
+/// A memory limit set at creation on a spec without swap also sets swap to
+/// the limit, as upstream's generator does (it always does; containerd's
+/// CRI spec has swap = limit for the same reason: no swap unless asked).
+/// Updates leave a missing swap missing.
+fn swap_follows_new_limit(res: &mut oci_spec::runtime::LinuxResources, r: &api::LinuxResources, had_swap: bool) {
+    let Some(limit) = r
+        .memory
+        .as_ref()
+        .filter(|m| m.swap.is_none())
+        .and_then(|m| m.limit.as_ref())
+    else {
+        return;
+    };
+    if !had_swap
+        && limit.value != 0
+        && let Some(mem) = res.memory_mut()
+    {
+        mem.set_swap(Some(limit.value));
+    }
 }
 
 #[cfg(test)]

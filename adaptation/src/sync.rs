@@ -2,8 +2,11 @@
 //! ones as they connect. Each is registered and configured (see
 //! [`crate::plugin`]), synchronized with the runtime's pods and containers,
 //! and only then added to the registry, so it sees the current state
-//! before any event. The sync of an external plugin does not interleave
-//! with runtime operations holding a [`PluginSyncBlock`].
+//! before any event. Every pod and container event is either in the state
+//! a plugin is synchronized with or reaches the plugin: the runtime's
+//! answer is completed with the adaptation's own record of events, and
+//! events wait while the plugin synchronizes (see [`crate::known`]). A
+//! runtime needs no [`PluginSyncBlock`] for this.
 
 use std::{
     sync::{Arc, Weak},
@@ -108,6 +111,7 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
     if launched.is_empty() {
         return Ok(());
     }
+    let ticket = inner.known.begin_sync();
     let state = match inner.callbacks.state().await {
         Ok(s) => s,
         Err(e) => {
@@ -117,6 +121,10 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
             return Err(Error::SyncCallback(e));
         }
     };
+    // As for an external plugin (see `connect_external`): a runtime may
+    // send events while the adaptation starts.
+    let req = inner.request_lock.lock().await;
+    let state = ticket.complete(state);
     let mut ready = Vec::new();
     let mut updates = Vec::new();
     for (i, p) in launched.into_iter().enumerate() {
@@ -142,10 +150,12 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
             }
         }
     }
-    inner.callbacks.apply_updates(updates).await;
     for p in ready {
         inner.registry.add(p);
     }
+    drop(req);
+    drop(ticket);
+    inner.callbacks.apply_updates(updates).await;
     Ok(())
 }
 
@@ -207,6 +217,9 @@ pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::Unix
         }
     };
     let _sync = inner.sync_lock.write().await;
+    // Begun before asking the runtime, so what changes while it answers is
+    // known to be newer than its answer.
+    let ticket = inner.known.begin_sync();
     let state = match inner.callbacks.state().await {
         Ok(s) => s,
         Err(e) => {
@@ -215,18 +228,28 @@ pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::Unix
             return;
         }
     };
-    match plugin.synchronize(&state.pods, &state.containers).await {
-        Ok(updates) => {
-            inner.callbacks.apply_updates(updates).await;
-            if inner.is_running() && !plugin.is_closed() {
-                inner.registry.add(plugin);
-            } else {
-                plugin.close().await;
-            }
+    // Held from completing the state until the plugin is active: an event
+    // is either in the record the state is completed with, or waits and
+    // reaches the plugin. Not around the runtime's callbacks, which may
+    // take locks the runtime holds while calling an event method.
+    let req = inner.request_lock.lock().await;
+    let state = ticket.complete(state);
+    let updates = match plugin.synchronize(&state.pods, &state.containers).await {
+        Ok(updates) if inner.is_running() && !plugin.is_closed() => {
+            inner.registry.add(plugin);
+            updates
+        }
+        Ok(_) => {
+            plugin.close().await;
+            return;
         }
         Err(e) => {
             tracing::error!(plugin = %plugin.name(), error = %e, "failed to synchronize NRI plugin, closing it");
             plugin.close().await;
+            return;
         }
-    }
+    };
+    drop(req);
+    drop(ticket);
+    inner.callbacks.apply_updates(updates).await;
 }

@@ -61,6 +61,8 @@ pub struct Behaviour {
     /// Ask, in that same UpdateContainers call (made even without an
     /// update), for the eviction of this container id.
     pub evict_on_create: Option<String>,
+    /// Evict this container id in the CreateContainer reply itself.
+    pub create_reply_evicts: Option<String>,
     /// Reject every validation with this reason.
     pub reject: Option<String>,
 }

@@ -706,3 +706,42 @@ fn metrics_match_runc_on_cgroup_v2() {
         assert!(ours_keys.contains(k), "runc reports {k}, nri-shim does not: {ours}");
     }
 }
+
+/// The reproduction of the sync race through containerd and the
+/// shim: plugin 10-a adds FOO=1 at CreateContainer and takes 500 ms in
+/// Synchronize; a container created 100 ms into that window runs with
+/// FOO=1 (it waits for the sync, then gets CreateContainer). Five times,
+/// each with a new plugin.
+#[test]
+fn a_container_created_while_a_plugin_synchronizes_is_adjusted_by_it() {
+    let c = Containerd::start(Setup::default());
+    let keep = c.run("ctrd-s-keep", &["-d"], &["/bin/sleep", "300"]);
+    assert!(keep.status.success(), "{}", text(&keep));
+    let log = EventLog::new(c.dir.path().join("sync-race.jsonl"));
+    for i in 0..5 {
+        let name = format!("a{i}");
+        let behaviour = Behaviour {
+            log: Some(log.path().to_path_buf()),
+            events: Some("CreateContainer".into()),
+            sleep_ms: [("Synchronize".to_string(), 500)].into(),
+            adjust: Some(serde_json::json!({"env": [{"key": "FOO", "value": "1"}]})),
+            ..Default::default()
+        };
+        let plugin = spawn_plugin(test_plugin().to_str().unwrap(), &c.nri_sock, "10", &name, &behaviour);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while log.of(&format!("10-{name}"), "Synchronize").is_empty() {
+            assert!(Instant::now() < deadline, "no Synchronize:\n{}", c.shim_log());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let id = format!("ctrd-s{i}");
+        let out = c.run(&id, &["--rm"], &["/bin/sh", "-c", "echo FOO=$FOO"]);
+        assert!(text(&out).contains("FOO=1"), "run {i}: {}", text(&out));
+        drop(plugin);
+        while c.shim_log().matches("NRI plugin removed").count() <= i {
+            assert!(Instant::now() < deadline, "plugin not removed:\n{}", c.shim_log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", "ctrd-s-keep"]);
+}

@@ -10,7 +10,7 @@ use std::{
 use integration::{
     Behaviour, EventLog, Store, TestRuntime, container, cpu_update, create_request, pod,
     raw::{RawBehaviour, RawPlugin, SyncReply},
-    spawn_plugin, test_plugin_bin,
+    spawn_plugin, test_plugin_bin, wait_until,
 };
 use nri_adaptation::{EventMask, api};
 
@@ -113,7 +113,13 @@ async fn r1_split_sync_sends_chunks_with_more() {
     assert_eq!(sent_pods.into_iter().collect::<BTreeSet<_>>(), all_pods);
     assert_eq!(sent_ctrs.into_iter().collect::<BTreeSet<_>>(), all_ctrs);
 
-    // The final reply's update went to the runtime's update callback.
+    // The final reply's update went to the runtime's update callback (just
+    // after the plugin became active: the callback runs without the lock
+    // events take).
+    wait_until("the sync update applied", || {
+        !rt.store.lock().unwrap().applied.is_empty()
+    })
+    .await;
     {
         let s = rt.store.lock().unwrap();
         assert_eq!(s.applied, vec![update.clone()]);

@@ -12,6 +12,7 @@ use super::{
 use crate::{
     owners::{FieldTable, Owners, Records},
     resources::{self, Keyed, Rules, removal_key},
+    spec::canonical_rlimit_type,
 };
 
 /// Accumulates the CreateContainer responses of all plugins.
@@ -119,6 +120,7 @@ impl CreateResult {
     /// building the protocol message costs as much as a plugin's merge,
     /// and only validators and reports need it.
     pub(crate) fn finish(mut self) -> Finished {
+        let container = self.request.container.take().unwrap_or_default();
         Finished {
             response: api::CreateContainerResponse {
                 adjust: MessageField::some(self.reply),
@@ -127,11 +129,12 @@ impl CreateResult {
             },
             pristine: self.pristine,
             owners: PendingOwners {
-                id: std::mem::take(&mut self.request.container.mut_or_insert_default().id),
+                id: container.id.clone(),
                 created: self.own,
                 others: self.owners,
             },
             pod: self.request.pod.take().unwrap_or_default(),
+            container,
         }
     }
 
@@ -166,7 +169,9 @@ impl CreateResult {
             }
         }
         for rl in a.rlimits {
-            self.own.claim_compound(Field::Rlimits, &rl.type_, plugin)?;
+            // `nofile` and `RLIMIT_NOFILE` are one limit (see adjust).
+            self.own
+                .claim_compound(Field::Rlimits, &canonical_rlimit_type(&rl.type_), plugin)?;
             self.request.container.mut_or_insert_default().rlimits.push(rl.clone());
             self.reply.rlimits.push(rl);
         }

@@ -252,6 +252,23 @@ fn rlimits_claimed_per_type_and_appended() {
         conflict(e),
         r#"plugins "30-c" and "10-a" both tried to set Rlimits RLIMIT_NOFILE"#
     );
+    // `nofile` is the same limit as `RLIMIT_NOFILE` (see adjust).
+    let mut r = c1();
+    r.apply(
+        "10-a",
+        adj(r#"{"rlimits": [{"type": "nofile", "hard": 10, "soft": 5}]}"#),
+    )
+    .unwrap();
+    let e = r
+        .apply(
+            "30-c",
+            adj(r#"{"rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1, "soft": 1}]}"#),
+        )
+        .unwrap_err();
+    assert_eq!(
+        conflict(e),
+        r#"plugins "30-c" and "10-a" both tried to set Rlimits RLIMIT_NOFILE"#
+    );
 }
 
 #[test]

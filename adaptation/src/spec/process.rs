@@ -221,13 +221,32 @@ pub(super) fn apply_scheduler(s: &mut Spec, sch: &api::LinuxScheduler) -> Result
     Ok(())
 }
 
+/// The OCI name of an rlimit type as plugins write it: `RLIMIT_NOFILE`,
+/// `rlimit_nofile`, `NOFILE` and `nofile` are one type. Upstream's spec
+/// generator copies the string as given, so a plugin may send any of these
+/// forms (upstream's ulimit-adjuster documents them all); runtimes only
+/// know the upper-case `RLIMIT_` form.
+pub(crate) fn canonical_rlimit_type(name: &str) -> String {
+    let upper = name.trim().to_ascii_uppercase();
+    if upper.starts_with("RLIMIT_") {
+        upper
+    } else {
+        format!("RLIMIT_{upper}")
+    }
+}
+
 pub(super) fn apply_rlimits(s: &mut Spec, rlimits: &[api::POSIXRlimit]) -> Result<(), AdjustError> {
     if rlimits.is_empty() {
         return Ok(());
     }
     let mut converted = Vec::new();
     for r in rlimits {
-        let typ = from_name("rlimits.type", &r.type_, "rlimit type")?;
+        let typ = from_name::<oci_spec::runtime::PosixRlimitType>(
+            "rlimits.type",
+            &canonical_rlimit_type(&r.type_),
+            "rlimit type",
+        )
+        .map_err(|_| invalid("rlimits.type", &r.type_, "unknown rlimit type"))?;
         if r.soft > r.hard {
             return Err(invalid(
                 format!("rlimits[{}]", r.type_),
@@ -236,7 +255,7 @@ pub(super) fn apply_rlimits(s: &mut Spec, rlimits: &[api::POSIXRlimit]) -> Resul
             ));
         }
         let l: PosixRlimit = PosixRlimitBuilder::default()
-            .typ::<oci_spec::runtime::PosixRlimitType>(typ)
+            .typ(typ)
             .hard(r.hard)
             .soft(r.soft)
             .build()

@@ -431,13 +431,76 @@ fn rlimits_deduplicated_by_type() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("RLIMIT_NOFILE"));
-    assert!(
+    let e = adjust(
+        &mut s,
+        &adj(r#"{"rlimits": [{"type": "nofiles", "hard": 1, "soft": 1}]}"#),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("nofiles"), "{e}");
+}
+
+/// Upstream's generator passes rlimit types on as written, and plugins
+/// (upstream's ulimit-adjuster among them) write `nofile`, `NOFILE` or
+/// `rlimit_nofile`: all are the OCI `RLIMIT_NOFILE`, one limit.
+#[test]
+fn rlimit_types_in_any_case_with_or_without_prefix() {
+    for name in ["nofile", "NOFILE", "rlimit_nofile", "Rlimit_NoFile", "RLIMIT_NOFILE"] {
+        let mut s = base_spec();
         adjust(
             &mut s,
-            &adj(r#"{"rlimits": [{"type": "NOFILE", "hard": 1, "soft": 1}]}"#)
+            &adj(&format!(
+                r#"{{"rlimits": [{{"type": "{name}", "hard": 100, "soft": 50}}]}}"#
+            )),
         )
-        .is_err()
-    );
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        adjust(
+            &mut s,
+            &adj(r#"{"rlimits": [{"type": "memlock", "hard": 7, "soft": 7}]}"#),
+        )
+        .unwrap();
+        let rl = s.process().as_ref().unwrap().rlimits().clone().unwrap();
+        let v = serde_json::to_value(&rl).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([
+                {"type": "RLIMIT_NOFILE", "hard": 100, "soft": 50},
+                {"type": "RLIMIT_MEMLOCK", "hard": 7, "soft": 7}
+            ]),
+            "{name}"
+        );
+    }
+}
+
+/// A memory limit set at creation on a spec without swap sets swap to the
+/// limit, as upstream's generator does; an update does not.
+#[test]
+fn memory_limit_on_spec_without_swap_sets_swap() {
+    let mut s = base_spec();
+    let linux = s.linux_mut().as_mut().unwrap();
+    let mut r = linux.resources().clone().unwrap();
+    r.set_memory(None);
+    linux.set_resources(Some(r));
+    adjust(
+        &mut s,
+        &adj(r#"{"linux": {"resources": {"memory": {"limit": {"value": 268435456}}}}}"#),
+    )
+    .unwrap();
+    let m = res(&s).memory().as_ref().unwrap();
+    assert_eq!((m.limit(), m.swap()), (Some(268435456), Some(268435456)));
+    // A plugin's own swap wins.
+    let mut s = base_spec();
+    let mut r = res(&s).clone();
+    r.set_memory(None);
+    s.linux_mut().as_mut().unwrap().set_resources(Some(r.clone()));
+    adjust(
+        &mut s,
+        &adj(r#"{"linux": {"resources": {"memory": {"limit": {"value": 268435456}, "swap": {"value": -1}}}}}"#),
+    )
+    .unwrap();
+    assert_eq!(res(&s).memory().as_ref().unwrap().swap(), Some(-1));
+    // Updates of a running container leave a missing swap missing.
+    update(&mut r, &json(r#"{"memory": {"limit": {"value": 268435456}}}"#)).unwrap();
+    assert_eq!(r.memory().as_ref().unwrap().swap(), None);
 }
 
 #[test]

@@ -163,6 +163,15 @@ impl Plugin for TestPlugin {
             rsp.adjust = protobuf::MessageField::some(integration::adjustment_from_json(adj));
         }
         rsp.update = b.create_updates.iter().map(integration::update_from_json).collect();
+        rsp.evict = b
+            .create_reply_evicts
+            .iter()
+            .map(|id| api::ContainerEviction {
+                container_id: id.clone(),
+                reason: format!("evicted in the reply of {}", self.name.lock().unwrap()),
+                ..Default::default()
+            })
+            .collect();
         if b.update_containers_on_create.is_some() || b.evict_on_create.is_some() {
             // Unsolicited update from inside an event handler (R8 shape).
             let h = self.handle.lock().unwrap().clone();
