@@ -770,14 +770,15 @@ fn metrics_match_runc_on_cgroup_v2() {
     within("cpu.usage_usec", 5.0);
     within("cpu.user_usec", 5.0);
     // CRI's working set (what kubelet evicts on): the usage less the
-    // inactive page cache. Most of the 16 MiB file is inactive cache, so a
-    // missing `inactive_file` (the working set equal to the usage) is out
-    // of the tolerance.
+    // inactive page cache, within 25% of runc's (0.4% apart in the VM).
+    // The VM's files live in tmpfs, so there the 16 MiB file is `shmem`,
+    // not inactive file cache: the subtraction itself is pinned by the
+    // unit test of shim/src/cgroupv2.rs.
     let working_set = |v: &serde_json::Value| u(v, "memory.usage").saturating_sub(u(v, "memory.inactive_file"));
     let (a, b) = (working_set(&ours), working_set(&runc));
     eprintln!("working set: nri-shim {a}, runc {b}");
     assert!(
-        b > 0 && a.abs_diff(b) <= b / 2,
-        "working set (usage - inactive_file): nri-shim {a}, runc {b} (tolerance 50%)"
+        b > 0 && a.abs_diff(b) <= b / 4,
+        "working set (usage - inactive_file): nri-shim {a}, runc {b} (tolerance 25%)"
     );
 }

@@ -712,7 +712,10 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once() {
         &[
             "/bin/sh",
             "-c",
-            "head -c 300000000 /dev/zero | tail > /dev/null; sleep 1000",
+            // One 64 MiB buffer: killed at once, also under the VM's
+            // emulation (a pipe into `tail` took 40 s there to reach the
+            // limit, past the wait for the event).
+            "dd if=/dev/zero of=/dev/null bs=64M count=1; sleep 1000",
         ],
     );
     let config = bundle.join("config.json");
@@ -862,6 +865,22 @@ fn memory_and_cpu_files(id: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The CPU shares `memory_swap_and_cpu_shares_are_written_as_runc_writes_them`
+/// also sets one by one: kubelet's range ([2, 262144], from `cpu: 2m` to
+/// 256 CPUs) and values in between.
+const SWEPT_SHARES: [u64; 5] = [2, 3, 102, 4096, 262_144];
+
+/// Task `id`'s `cpu.weight` on v2, `cpu.shares` on v1.
+fn cpu_weight_or_shares(id: &str) -> String {
+    let rel = cgroup_rel(id);
+    let file = if cgroup_v2() {
+        Path::new("/sys/fs/cgroup").join(rel).join("cpu.weight")
+    } else {
+        Path::new("/sys/fs/cgroup/cpu").join(rel).join("cpu.shares")
+    };
+    std::fs::read_to_string(&file).map_or_else(|e| format!("<{}: {e}>", file.display()), |t| t.trim().to_string())
+}
+
 /// CRI's memory and CPU resources land in the cgroup as runc writes them,
 /// at create and at update (issue 12 item 4): a swap limit equal to the
 /// memory limit (what CRI sends for every limited container) is no swap,
@@ -903,6 +922,27 @@ async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
         )
         .await;
     let ours_updated = memory_and_cpu_files(id);
+    // More shares, each through an update: the weight (v2) or the shares
+    // (v1) the cgroup then has.
+    let mut ours_swept = Vec::new();
+    for s in SWEPT_SHARES {
+        let r = f
+            .service
+            .update(
+                "test",
+                task_api::UpdateTaskRequest {
+                    id: id.into(),
+                    resources: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+                        type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
+                        value: serde_json::to_vec(&serde_json::json!({"cpu": {"shares": s}})).unwrap(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await;
+        ours_swept.push((s, r.map(|_| cpu_weight_or_shares(id)).map_err(|e| e.to_string())));
+    }
     f.service
         .kill("test", id, "", libc::SIGKILL as u32, false)
         .await
@@ -940,6 +980,13 @@ async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
         "mswap-runc",
     ]);
     let runc_updated = memory_and_cpu_files(id);
+    let runc_swept: Vec<_> = SWEPT_SHARES
+        .iter()
+        .map(|s| {
+            let (ok, err) = runc(&["update", "--cpu-share", &s.to_string(), "mswap-runc"]);
+            (*s, if ok { Ok(cpu_weight_or_shares(id)) } else { Err(err) })
+        })
+        .collect();
     let _ = runc(&["delete", "-f", "mswap-runc"]);
     assert!(created.0, "runc create: {}", created.1);
     assert!(update.0, "runc update: {}", update.1);
@@ -947,6 +994,10 @@ async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
     assert_eq!(
         ours_updated, runc_updated,
         "after the update: nri-shim (left), runc (right)"
+    );
+    assert_eq!(
+        ours_swept, runc_swept,
+        "cpu.weight (v2) or cpu.shares (v1) per shares: nri-shim (left), runc (right)"
     );
     if cgroup_v2() {
         // What runc 1.1 gives, spelled out.
