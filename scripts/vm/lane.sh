@@ -19,10 +19,7 @@ cd "$(dirname "$0")/../.."
 # reported, not counted. SUITE::TEST, then the issue's item. Remove an
 # entry when its fix lands (the lane says when one passes).
 KNOWN_V2_DIVERGENCES=(
-    "lifecycle::an_oom_kill_in_a_running_container_is_published_at_once|issue 12 item 5: an OOM kill in a running container gives no /tasks/oom on v2 (memory.events read only at exit)"
     "lifecycle::r27_failed_create_is_fast_and_leaves_nothing|issue 12 item 2: intermittent (1 run in 3): the v2-aware leak check found the v2 cgroup of a failed create (missing binary) left behind, the suite running in parallel in the VM; it passes alone"
-    "containerd::f_exec_kill_update_stats_through_containerd|issue 12 item 3: Task.Stats is always the v1 metrics type (ctr shows memory.usage_in_bytes, runc's shim sends v2: memory.usage)"
-    "containerd::metrics_match_runc_on_cgroup_v1|issue 12 item 3: Task.Stats is always the v1 metrics type (no memory.file, cpu.*_usec on v2)"
 )
 
 lane_start=$(date +%s)

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use containerd_shim_protos::cgroups::metrics as m;
+use containerd_shim_protos::{cgroups::metrics as m, cgroups_v2::metrics as m2};
 use libcgroups::{
     common::{AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt, FreezerState},
     stats::Stats,
@@ -15,6 +15,29 @@ use crate::{
     error::{Result, ShimError},
     runner::Target,
 };
+
+/// Where the host's cgroup v2 hierarchy is mounted (libcgroups' root).
+const V2_ROOT: &str = "/sys/fs/cgroup";
+
+/// Task.Stats' payload: containerd's metrics type of the host's hierarchy
+/// (its type URL tells containerd and CRI which one it is).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Metrics {
+    /// `io.containerd.cgroups.v1.Metrics`.
+    V1(m::Metrics),
+    /// `io.containerd.cgroups.v2.Metrics`.
+    V2(m2::Metrics),
+}
+
+impl Metrics {
+    /// The `Any` of Task.Stats, with the type's full proto name.
+    pub fn to_any(&self) -> protobuf::well_known_types::any::Any {
+        match self {
+            Metrics::V1(v) => crate::events::to_any(v),
+            Metrics::V2(v) => crate::events::to_any(v),
+        }
+    }
+}
 
 /// The cgroup of one container.
 pub struct Cgroup {
@@ -102,7 +125,37 @@ impl Cgroup {
                 oom_score_adj: None,
                 freezer_state: None,
             })
-            .map_err(|e| err("update", &self.path, e))
+            .map_err(|e| err("update", &self.path, e))?;
+        self.apply_runc_v2_rules(resources)
+    }
+
+    /// On cgroup v2, the files runc writes for `resources` that libcgroups
+    /// leaves out or writes otherwise (see [`runc_v2_writes`]); after
+    /// libcgroups' own writes, at create and at every update. Nothing on
+    /// v1.
+    ///
+    /// # Errors
+    /// A file could not be written (naming it and the value); a
+    /// `memory.swap.max` the kernel does not have (no swap accounting) is
+    /// skipped, as runc does.
+    pub fn apply_runc_v2_rules(&self, resources: &LinuxResources) -> Result<()> {
+        if !matches!(self.manager, AnyCgroupManager::V2(_)) {
+            return Ok(());
+        }
+        let dir = self.v2_dir();
+        for (file, value) in runc_v2_writes(resources) {
+            match std::fs::write(dir.join(file), &value) {
+                Ok(()) => {}
+                Err(e) if file == "memory.swap.max" && e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(ShimError::io(
+                        format!("cgroup {}: write {file} = {value}", dir.display()),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Removes the cgroup's directories (it must be empty).
@@ -137,20 +190,27 @@ impl Cgroup {
             .map_err(|e| err("pids", &self.path, e))
     }
 
-    /// Statistics in containerd's cgroups v1 `Metrics` format.
+    /// Statistics in the containerd metrics type of the hierarchy, as
+    /// runc's shim sends them: cgroup v1 `Metrics` on v1 (and hybrid),
+    /// [`crate::cgroupv2`]'s v2 `Metrics` on a pure cgroup v2 host.
     ///
     /// # Errors
     /// The cgroup cannot be read.
-    pub fn metrics(&self) -> Result<m::Metrics> {
-        let s = self.manager.stats().map_err(|e| err("stats", &self.path, e))?;
-        // Only v1 counts CPU time in ticks (v2 metrics are their own type,
-        // not produced yet).
-        let tick = if matches!(self.manager, AnyCgroupManager::V1(_)) {
-            ns_per_tick()
-        } else {
-            1
-        };
-        Ok(to_metrics(&s, tick))
+    pub fn metrics(&self) -> Result<Metrics> {
+        match &self.manager {
+            AnyCgroupManager::V1(_) => {
+                let s = self.manager.stats().map_err(|e| err("stats", &self.path, e))?;
+                Ok(Metrics::V1(to_metrics(&s, ns_per_tick())))
+            }
+            AnyCgroupManager::V2(_) | AnyCgroupManager::Systemd(_) => crate::cgroupv2::metrics(&self.v2_dir())
+                .map(Metrics::V2)
+                .map_err(|e| err("stats", &self.path, e)),
+        }
+    }
+
+    /// The cgroup's directory in a pure cgroup v2 hierarchy.
+    fn v2_dir(&self) -> PathBuf {
+        Path::new(V2_ROOT).join(self.path.strip_prefix("/").unwrap_or(&self.path))
     }
 
     /// Number of OOM kills recorded by the memory controller (v1
@@ -169,6 +229,42 @@ impl Cgroup {
             text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
         })
     }
+}
+
+/// The cgroup v2 files runc 1.1 (this node's runc) writes for `resources`
+/// that libcgroups 0.7 does not write, or writes another value to:
+///
+/// - `memory.swap.max = 0` when the swap limit equals the memory limit
+///   (OCI's swap is memory plus swap, so no swap at all; CRI sets it so
+///   for every container with a memory limit): libcgroups computes the v2
+///   value 0 and then skips writing it, leaving `max`.
+/// - `cpu.weight` from `cpu.shares` by runc's linear map of the v1 range
+///   [2, 262144] onto [1, 10000]: `1 + (shares - 2) * 9999 / 262142`
+///   (512 → 20, 1024 → 39). libcgroups uses a later, logarithmic formula
+///   (512 → 59); containers must get the weights kubelet's shares give
+///   them under runc on the same node.
+///
+/// A key the spec's `unified` map sets itself is left to it (runc writes
+/// `unified` last, so it wins there too).
+fn runc_v2_writes(resources: &LinuxResources) -> Vec<(&'static str, String)> {
+    let unified = |k: &str| resources.unified().as_ref().is_some_and(|u| u.contains_key(k));
+    let mut out = Vec::new();
+    if let Some(mem) = resources.memory()
+        && let (Some(limit), Some(swap)) = (mem.limit(), mem.swap())
+        && limit > 0
+        && swap == limit
+        && !unified("memory.swap.max")
+    {
+        out.push(("memory.swap.max", "0".to_string()));
+    }
+    if let Some(shares) = resources.cpu().as_ref().and_then(|c| c.shares())
+        && shares != 0
+        && !unified("cpu.weight")
+    {
+        let shares = shares.clamp(2, 262_144);
+        out.push(("cpu.weight", (1 + (shares - 2) * 9999 / 262_142).to_string()));
+    }
+    out
 }
 
 /// Nanoseconds in one clock tick (`USER_HZ`): cgroup v1's `cpuacct.stat`
@@ -251,6 +347,43 @@ fn to_metrics(s: &Stats, ns_per_cpu_unit: u64) -> m::Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn resources(json: serde_json::Value) -> LinuxResources {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn swap_equal_to_the_limit_disables_swap_as_runc_does() {
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 27}}));
+        assert_eq!(runc_v2_writes(&r), [("memory.swap.max", "0".to_string())]);
+        // More swap than memory is libcgroups' own (swap - limit), and so
+        // is no swap limit at all.
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 28}}));
+        assert_eq!(runc_v2_writes(&r), []);
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27}}));
+        assert_eq!(runc_v2_writes(&r), []);
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 27},
+            "unified": {"memory.swap.max": "1000"}}));
+        assert_eq!(runc_v2_writes(&r), []);
+    }
+
+    #[test]
+    fn shares_become_runc_weights() {
+        let weight = |shares: u64| {
+            let r = resources(serde_json::json!({"cpu": {"shares": shares}}));
+            runc_v2_writes(&r)
+                .into_iter()
+                .find(|(f, _)| *f == "cpu.weight")
+                .map(|(_, v)| v)
+        };
+        // runc 1.1.5 in the cgroup v2 VM: 512 → 20 (libcgroups gave 59).
+        assert_eq!(weight(512).as_deref(), Some("20"));
+        assert_eq!(weight(1024).as_deref(), Some("39"));
+        assert_eq!(weight(2).as_deref(), Some("1"));
+        assert_eq!(weight(262_144).as_deref(), Some("10000"));
+        assert_eq!(weight(1).as_deref(), Some("1"));
+        assert_eq!(weight(0), None);
+    }
 
     #[test]
     fn stats_map_to_containerd_metrics() {

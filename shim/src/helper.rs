@@ -182,10 +182,21 @@ fn run(req: Request) -> Response {
                     message: e.to_string(),
                 };
             }
-            builder(&id, &root, &console_socket)
+            let created = builder(&id, &root, &console_socket)
                 .and_then(|b| b.validate_id())
                 .and_then(|b| b.as_init(&bundle).with_systemd(false).with_detach(true).build())
-                .map(|c| c.pid().map(|p| p.as_raw()))
+                .map(|c| c.pid().map(|p| p.as_raw()));
+            // Before start, so the process never runs with libcgroups'
+            // values; a failure fails the create (the daemon deletes it).
+            if created.is_ok()
+                && let Err(e) = apply_runc_v2_rules(&id, &bundle)
+            {
+                return Response::Err {
+                    kind: FailureKind::Other,
+                    message: chain(&e),
+                };
+            }
+            created
         }
         Request::Start { id, root } => Container::load(root.join(&id)).and_then(|mut c| c.start().map(|_| None)),
         Request::Exec {
@@ -225,6 +236,19 @@ fn run(req: Request) -> Response {
         Ok(pid) => Response::Ok { pid },
         Err(e) => failure(e),
     }
+}
+
+/// What runc writes on cgroup v2 and libcgroups did not, for the
+/// container just created from `bundle` (see
+/// [`crate::cgroups::Cgroup::apply_runc_v2_rules`]).
+fn apply_runc_v2_rules(id: &str, bundle: &Path) -> Result<(), ShimError> {
+    let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+        .map_err(|e| ShimError::InvalidArgument(format!("{}: {e}", bundle.join("config.json").display())))?;
+    let Some(linux) = spec.linux() else { return Ok(()) };
+    let (Some(path), Some(resources)) = (linux.cgroups_path(), linux.resources()) else {
+        return Ok(());
+    };
+    crate::cgroups::Cgroup::open(path, id)?.apply_runc_v2_rules(resources)
 }
 
 /// Runs `req` in this process. Only for a process that has no other

@@ -16,6 +16,7 @@
 //! | [`nri`] | pods and containers from bundle annotations; the NRI seam |
 //! | [`io`] | stdio fifos, files and terminals |
 //! | [`cgroups`] | updates, stats, freeze, pids |
+//! | [`cgroupv2`] | containerd's cgroup v2 metrics from a v2 cgroup |
 //! | [`oom`] | OOM kills as they happen |
 //! | [`record`] | what a task's bundle records for containerd's restart and for `delete` |
 //! | [`cleanup`] | `delete` without the daemon |
@@ -27,6 +28,7 @@
 pub mod args;
 pub mod bundle;
 pub mod cgroups;
+pub mod cgroupv2;
 pub mod cleanup;
 pub mod config;
 pub mod daemon;

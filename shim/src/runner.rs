@@ -16,7 +16,6 @@ use std::{
 };
 
 use async_trait::async_trait;
-use containerd_shim_protos::cgroups::metrics::Metrics;
 use oci_spec::runtime::LinuxResources;
 
 use crate::{
@@ -114,7 +113,7 @@ pub trait Runner: Send + Sync + 'static {
     /// Applies `resources` (only what they set) to the container's cgroup.
     async fn update(&self, target: Target<'_>, resources: &LinuxResources) -> Result<()>;
     /// The cgroup's statistics in containerd's metrics format.
-    async fn stats(&self, target: Target<'_>) -> Result<Metrics>;
+    async fn stats(&self, target: Target<'_>) -> Result<crate::cgroups::Metrics>;
     /// OOM kills recorded for the cgroup, when readable.
     async fn oom_kills(&self, target: Target<'_>) -> Option<u64>;
     /// A watch of the cgroup's OOM events, when the memory controller
@@ -269,7 +268,7 @@ impl Runner for HelperRunner {
         Cgroup::off_runtime(target, move |c| c.update(&resources)).await
     }
 
-    async fn stats(&self, target: Target<'_>) -> Result<Metrics> {
+    async fn stats(&self, target: Target<'_>) -> Result<crate::cgroups::Metrics> {
         Cgroup::off_runtime(target, Cgroup::metrics).await
     }
 

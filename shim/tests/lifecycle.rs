@@ -712,7 +712,10 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once() {
         &[
             "/bin/sh",
             "-c",
-            "head -c 300000000 /dev/zero | tail > /dev/null; sleep 1000",
+            // One 64 MiB buffer: killed at once, also under the VM's
+            // emulation (a pipe into `tail` took 40 s there to reach the
+            // limit, past the wait for the event).
+            "dd if=/dev/zero of=/dev/null bs=64M count=1; sleep 1000",
         ],
     );
     let config = bundle.join("config.json");
@@ -827,5 +830,182 @@ async fn unified_resources_are_written_on_cgroup_v2_as_by_runc(f: Fixture, bundl
     assert!(created.success(), "runc refused unified on v2: {err}");
     assert_ne!(theirs, "max", "runc did not write memory.high");
     assert_eq!(ours, theirs, "memory.high: nri-shim {ours}, runc {theirs}");
+    f.nri.stop().await;
+}
+
+/// The memory and CPU files of task `id`'s cgroup that CRI's resources
+/// set, with their contents (or the read error): v2's `memory.max`,
+/// `memory.swap.max` and `cpu.weight`, v1's limits and `cpu.shares`.
+fn memory_and_cpu_files(id: &str) -> Vec<(String, String)> {
+    let rel = cgroup_rel(id);
+    let root = Path::new("/sys/fs/cgroup");
+    let files: Vec<PathBuf> = if cgroup_v2() {
+        ["memory.max", "memory.swap.max", "cpu.weight"]
+            .iter()
+            .map(|f| root.join(&rel).join(f))
+            .collect()
+    } else {
+        let mut v = vec![
+            root.join("memory").join(&rel).join("memory.limit_in_bytes"),
+            root.join("cpu").join(&rel).join("cpu.shares"),
+        ];
+        // Only with swap accounting (the kernel's swapaccount).
+        if root.join("memory/memory.memsw.limit_in_bytes").exists() {
+            v.push(root.join("memory").join(&rel).join("memory.memsw.limit_in_bytes"));
+        }
+        v
+    };
+    files
+        .into_iter()
+        .map(|f| {
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&f).map_or_else(|e| format!("<{e}>"), |t| t.trim().to_string());
+            (name, text)
+        })
+        .collect()
+}
+
+/// The CPU shares `memory_swap_and_cpu_shares_are_written_as_runc_writes_them`
+/// also sets one by one: kubelet's range ([2, 262144], from `cpu: 2m` to
+/// 256 CPUs) and values in between.
+const SWEPT_SHARES: [u64; 5] = [2, 3, 102, 4096, 262_144];
+
+/// Task `id`'s `cpu.weight` on v2, `cpu.shares` on v1.
+fn cpu_weight_or_shares(id: &str) -> String {
+    let rel = cgroup_rel(id);
+    let file = if cgroup_v2() {
+        Path::new("/sys/fs/cgroup").join(rel).join("cpu.weight")
+    } else {
+        Path::new("/sys/fs/cgroup/cpu").join(rel).join("cpu.shares")
+    };
+    std::fs::read_to_string(&file).map_or_else(|e| format!("<{}: {e}>", file.display()), |t| t.trim().to_string())
+}
+
+/// CRI's memory and CPU resources land in the cgroup as runc writes them,
+/// at create and at update (issue 12 item 4): a swap limit equal to the
+/// memory limit (what CRI sends for every limited container) is no swap,
+/// `memory.swap.max` 0 on cgroup v2 (libcgroups left `max`); CPU shares
+/// become runc's `cpu.weight` (512 → 20; libcgroups gave 59). The same
+/// bundle and the same update through runc (created, not started) must
+/// give the same files, on v1 and v2.
+#[tokio::test(flavor = "current_thread")]
+async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
+    let f = Fixture::new().await;
+    let id = "mswap";
+    let bundle = f.bundle(id, &["/bin/sleep", "1000"]);
+    let config = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    spec["linux"]["resources"]["memory"] = serde_json::json!({"limit": 64 << 20, "swap": 64 << 20});
+    spec["linux"]["resources"]["cpu"] = serde_json::json!({"shares": 512});
+    std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let (limit, shares) = (96u64 << 20, 1024u64);
+    // Ours.
+    f.create_bundle(id, bundle.clone()).await.unwrap();
+    let ours_created = memory_and_cpu_files(id);
+    let updated = f
+        .service
+        .update(
+            "test",
+            task_api::UpdateTaskRequest {
+                id: id.into(),
+                resources: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+                    type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
+                    value: serde_json::to_vec(&serde_json::json!({
+                        "memory": {"limit": limit, "swap": limit},
+                        "cpu": {"shares": shares}
+                    }))
+                    .unwrap(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+    let ours_updated = memory_and_cpu_files(id);
+    // More shares, each through an update: the weight (v2) or the shares
+    // (v1) the cgroup then has.
+    let mut ours_swept = Vec::new();
+    for s in SWEPT_SHARES {
+        let r = f
+            .service
+            .update(
+                "test",
+                task_api::UpdateTaskRequest {
+                    id: id.into(),
+                    resources: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+                        type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
+                        value: serde_json::to_vec(&serde_json::json!({"cpu": {"shares": s}})).unwrap(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await;
+        ours_swept.push((s, r.map(|_| cpu_weight_or_shares(id)).map_err(|e| e.to_string())));
+    }
+    f.service
+        .kill("test", id, "", libc::SIGKILL as u32, false)
+        .await
+        .unwrap();
+    f.service.wait("test", id, "").await.unwrap();
+    f.service.delete("test", id, "").await.unwrap();
+    assert!(!cgroup_exists(id), "cgroup left");
+    updated.unwrap();
+    // runc on the same bundle (the same cgroupsPath).
+    let root = f.dir.path().join("runc-root");
+    let log = f.dir.path().join("runc.err");
+    let runc = |args: &[&str]| {
+        let st = std::process::Command::new("runc")
+            .arg("--root")
+            .arg(&root)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .status()
+            .expect("runc (apt-get install runc)");
+        (st.success(), std::fs::read_to_string(&log).unwrap_or_default())
+    };
+    let created = runc(&["create", "--bundle", bundle.to_str().unwrap(), "mswap-runc"]);
+    let runc_created = memory_and_cpu_files(id);
+    let (limit_s, shares_s) = (limit.to_string(), shares.to_string());
+    let update = runc(&[
+        "update",
+        "--memory",
+        &limit_s,
+        "--memory-swap",
+        &limit_s,
+        "--cpu-share",
+        &shares_s,
+        "mswap-runc",
+    ]);
+    let runc_updated = memory_and_cpu_files(id);
+    let runc_swept: Vec<_> = SWEPT_SHARES
+        .iter()
+        .map(|s| {
+            let (ok, err) = runc(&["update", "--cpu-share", &s.to_string(), "mswap-runc"]);
+            (*s, if ok { Ok(cpu_weight_or_shares(id)) } else { Err(err) })
+        })
+        .collect();
+    let _ = runc(&["delete", "-f", "mswap-runc"]);
+    assert!(created.0, "runc create: {}", created.1);
+    assert!(update.0, "runc update: {}", update.1);
+    assert_eq!(ours_created, runc_created, "at create: nri-shim (left), runc (right)");
+    assert_eq!(
+        ours_updated, runc_updated,
+        "after the update: nri-shim (left), runc (right)"
+    );
+    assert_eq!(
+        ours_swept, runc_swept,
+        "cpu.weight (v2) or cpu.shares (v1) per shares: nri-shim (left), runc (right)"
+    );
+    if cgroup_v2() {
+        // What runc 1.1 gives, spelled out.
+        let get = |files: &[(String, String)], name: &str| files.iter().find(|(n, _)| n == name).unwrap().1.clone();
+        assert_eq!(get(&ours_created, "memory.swap.max"), "0");
+        assert_eq!(get(&ours_created, "cpu.weight"), "20");
+        assert_eq!(get(&ours_updated, "memory.swap.max"), "0");
+        assert_eq!(get(&ours_updated, "cpu.weight"), "39");
+    }
     f.nri.stop().await;
 }

@@ -176,8 +176,8 @@ impl Runner for FakeRunner {
         self.updates.lock().unwrap().push(resources.clone());
         Ok(())
     }
-    async fn stats(&self, _target: Target<'_>) -> crate::error::Result<Metrics> {
-        Ok(Metrics::new())
+    async fn stats(&self, _target: Target<'_>) -> crate::error::Result<crate::cgroups::Metrics> {
+        Ok(crate::cgroups::Metrics::V1(Metrics::new()))
     }
     async fn oom_kills(&self, _target: Target<'_>) -> Option<u64> {
         Some(self.oom_kills.load(Ordering::SeqCst))

@@ -92,7 +92,8 @@ impl Service {
         failed
     }
 
-    /// Cgroup statistics in containerd's v1 metrics format.
+    /// Cgroup statistics in containerd's metrics type of the hierarchy
+    /// (v1 or v2, see [`crate::cgroups::Metrics`]).
     ///
     /// # Errors
     /// [`ShimError::NotFound`], cgroup errors.
@@ -100,7 +101,7 @@ impl Service {
         let task = self.task(ns, id)?;
         let metrics = self.runner().stats(task.target()).await?;
         Ok(task_api::StatsResponse {
-            stats: MessageField::some(crate::events::to_any(&metrics)),
+            stats: MessageField::some(metrics.to_any()),
             ..Default::default()
         })
     }
