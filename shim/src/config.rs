@@ -25,6 +25,9 @@
 //! state_root = "/run/nri-shim"  # daemon sockets and libcontainer state
 //! idle_timeout = "30s"          # daemon exits after this long with no containers
 //! log_level = "info"
+//!
+//! [cdi]
+//! spec_dirs = ["/etc/cdi", "/var/run/cdi"]  # lowest priority first
 //! ```
 
 use std::{
@@ -243,6 +246,22 @@ impl Default for ShimConfig {
     }
 }
 
+/// The `[cdi]` table: where CDI spec files are (see [`crate::cdi`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CdiConfig {
+    /// Spec directories, lowest priority first (absolute paths).
+    pub spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        CdiConfig {
+            spec_dirs: crate::cdi::DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+        }
+    }
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -251,6 +270,8 @@ pub struct Config {
     pub nri: NriConfig,
     /// Shim settings.
     pub shim: ShimConfig,
+    /// CDI settings.
+    pub cdi: CdiConfig,
 }
 
 impl Config {
@@ -274,6 +295,15 @@ impl Config {
                     message: format!("{key} = {:?}: must be an absolute path", value.display().to_string()),
                 });
             }
+        }
+        if let Some(dir) = config.cdi.spec_dirs.iter().find(|d| !d.is_absolute()) {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "cdi.spec_dirs entry {:?}: must be an absolute path",
+                    dir.display().to_string()
+                ),
+            });
         }
         Ok(config)
     }
@@ -372,6 +402,7 @@ mod tests {
             ("[nri]\nsocket_path = \"nri.sock\"", "nri.socket_path"),
             ("[nri]\nplugin_path = \"plugins\"", "nri.plugin_path"),
             ("[nri]\nplugin_config_path = \"conf.d\"", "nri.plugin_config_path"),
+            ("[cdi]\nspec_dirs = [\"/etc/cdi\", \"cdi\"]", "cdi.spec_dirs"),
         ] {
             let e = Config::parse(toml, Path::new("/etc/nri-shim/config.toml"))
                 .unwrap_err()

@@ -409,6 +409,7 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
     let ttrpc_address = std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Arc::new(RemotePublisher::new(ttrpc_address));
     let service = Service::new(Arc::new(HelperRunner::new(exe, dir.clone())), dir.clone(), events);
+    service.set_cdi(crate::cdi::Registry::new(config.cdi.spec_dirs.clone()));
     let nri = if config.nri.disable {
         tracing::info!("NRI disabled by configuration");
         None

@@ -12,6 +12,7 @@
 //! | [`runner`] | the seam to the container runtime; the helper-process runner |
 //! | [`helper`] | libcontainer in a single-threaded helper process |
 //! | [`bundle`] | `config.json`, rootfs mounts, the exit status file |
+//! | [`cdi`] | CDI devices from spec files, by annotation or NRI adjustment |
 //! | [`monitor`] | exact exit statuses through pidfds |
 //! | [`nri`] | pods and containers from bundle annotations; the NRI seam |
 //! | [`io`] | stdio fifos, files and terminals |
@@ -26,6 +27,7 @@
 
 pub mod args;
 pub mod bundle;
+pub mod cdi;
 pub mod cgroups;
 pub mod cleanup;
 pub mod config;
