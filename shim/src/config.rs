@@ -28,6 +28,9 @@
 //!
 //! [cdi]
 //! spec_dirs = ["/etc/cdi", "/var/run/cdi"]  # lowest priority first
+//!
+//! [metrics]
+//! address = "127.0.0.1:9464"    # Prometheus scrape endpoint; off when unset
 //! ```
 
 use std::{
@@ -262,6 +265,15 @@ impl Default for CdiConfig {
     }
 }
 
+/// The `[metrics]` table (see [`crate::metrics`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` to serve `GET /metrics` on, e.g. `"127.0.0.1:9464"`;
+    /// none (the default) serves nothing.
+    pub address: Option<std::net::SocketAddr>,
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -272,6 +284,8 @@ pub struct Config {
     pub shim: ShimConfig,
     /// CDI settings.
     pub cdi: CdiConfig,
+    /// The metrics endpoint.
+    pub metrics: MetricsConfig,
 }
 
 impl Config {

@@ -21,6 +21,7 @@
 //! | [`record`] | what a task's bundle records for containerd's restart and for `delete` |
 //! | [`cleanup`] | `delete` without the daemon |
 //! | [`config`] | `/etc/nri-shim/config.toml` |
+//! | [`metrics`] | the optional Prometheus/OpenMetrics endpoint |
 //! | [`events`] | ordered publishing to containerd |
 
 #![warn(missing_docs)]
@@ -37,6 +38,7 @@ pub mod events;
 pub mod helper;
 pub mod io;
 pub mod layout;
+pub mod metrics;
 pub mod monitor;
 pub mod nri;
 pub mod oom;

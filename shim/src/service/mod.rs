@@ -133,6 +133,11 @@ impl Service {
         WeakService(Arc::downgrade(&self.inner))
     }
 
+    /// The init status of every live task (one entry per task, in no order).
+    pub fn task_states(&self) -> Vec<Status> {
+        self.inner.tasks.all().iter().map(|t| t.init.status.get()).collect()
+    }
+
     /// Number of live tasks.
     pub fn task_count(&self) -> usize {
         self.inner.tasks.len()
