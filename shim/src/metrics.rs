@@ -72,7 +72,7 @@ struct StateLabels {
 type LatencyFamily = Family<LatencyLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
-    Histogram::new(BUCKETS.into_iter())
+    Histogram::new(BUCKETS)
 }
 
 /// What the gauges are read from at scrape time.
