@@ -10,6 +10,7 @@ use crate::{
     callbacks::{Callbacks, EvictFn, RuntimeState, SyncFn, UpdateFn},
     config::{FailurePolicy, Options},
     error::{BoxError, Error},
+    observe::Observer,
 };
 
 /// Builds an [`Adaptation`]; see [`Adaptation::builder`].
@@ -19,6 +20,7 @@ pub struct AdaptationBuilder {
     sync_fn: Option<SyncFn>,
     update_fn: Option<UpdateFn>,
     evict_fn: Option<EvictFn>,
+    observer: Option<Arc<dyn Observer>>,
     opts: Options,
     builtins: Vec<Builtin>,
 }
@@ -127,6 +129,14 @@ impl AdaptationBuilder {
         self
     }
 
+    /// Tells `observer` about every plugin request (its latency and
+    /// outcome) and every plugin answer refused for a conflict or by a
+    /// validator, e.g. for metrics. Default: nobody is told.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     /// Per-request timeout (default 2 s).
     pub fn with_request_timeout(mut self, t: Duration) -> Self {
         self.opts.request_timeout = t;
@@ -170,6 +180,7 @@ impl AdaptationBuilder {
             sync,
             update,
             evict: self.evict_fn,
+            observer: self.observer,
         };
         Ok(Adaptation::from_parts(
             self.name,
@@ -191,6 +202,7 @@ impl Adaptation {
             sync_fn: None,
             update_fn: None,
             evict_fn: None,
+            observer: None,
             opts: Options::default(),
             builtins: Vec::new(),
         }

@@ -6,7 +6,10 @@ use std::{pin::Pin, sync::Arc};
 
 use nri_proto::api;
 
-use crate::error::BoxError;
+use crate::{
+    error::BoxError,
+    observe::{Observer, Outcome, Rejection},
+};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -30,9 +33,25 @@ pub(crate) struct Callbacks {
     pub sync: SyncFn,
     pub update: UpdateFn,
     pub evict: Option<EvictFn>,
+    /// Told about plugin requests and refused answers, if the runtime asked.
+    pub observer: Option<Arc<dyn Observer>>,
 }
 
 impl Callbacks {
+    /// Tells the observer how `plugin`'s `request` ended.
+    pub fn observe(&self, plugin: &str, request: &'static str, elapsed: std::time::Duration, outcome: Outcome) {
+        if let Some(o) = &self.observer {
+            o.request(plugin, request, elapsed, outcome);
+        }
+    }
+
+    /// Tells the observer that `plugin`'s answer was refused.
+    pub fn rejected(&self, plugin: &str, rejection: Rejection) {
+        if let Some(o) = &self.observer {
+            o.rejected(plugin, rejection);
+        }
+    }
+
     /// The runtime's pods and containers.
     pub async fn state(&self) -> Result<RuntimeState, BoxError> {
         (self.sync)().await

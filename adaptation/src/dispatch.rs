@@ -13,7 +13,8 @@ use nri_proto::{
 use crate::{
     callbacks::Callbacks,
     config::{FailurePolicy, Options},
-    error::{Error, PluginError},
+    error::{Error, PluginError, ValidationError},
+    observe::Rejection,
     plugin::Plugin,
     registry::Registry,
     result::{CreateResult, UpdateResult},
@@ -99,6 +100,14 @@ impl Dispatch<'_> {
         }
     }
 
+    /// Passes on a merge result, telling the observer of a conflict.
+    fn conflict<T, E>(&self, p: &Plugin, r: Result<T, E>) -> Result<T, E> {
+        if r.is_err() {
+            self.callbacks.rejected(p.name(), Rejection::Conflict);
+        }
+        r
+    }
+
     /// The subscribers of `event`, in invocation order.
     fn subscribers(&self, event: Event) -> impl Iterator<Item = Arc<Plugin>> {
         self.registry
@@ -168,7 +177,7 @@ impl Dispatch<'_> {
                     if let Some(r) = report.as_deref_mut() {
                         r.owners = Some(result.owners().into_proto());
                     }
-                    applied?;
+                    self.conflict(p, applied)?;
                 }
                 Err(e) => {
                     if let Some(r) = report.as_deref_mut() {
@@ -186,9 +195,13 @@ impl Dispatch<'_> {
         if let Some(r) = report {
             r.owners = Some(done.owners.to_owners().into_proto());
         }
-        validation
+        let verdict = validation
             .run(self.registry, done.pod, done.pristine, &done.response, done.owners)
-            .await?;
+            .await;
+        if let Err(Error::Validation(e @ ValidationError::Rejected { .. })) = &verdict {
+            self.callbacks.rejected(e.validator(), Rejection::Validation);
+        }
+        verdict?;
         Ok((done.response, done.container))
     }
 
@@ -204,7 +217,7 @@ impl Dispatch<'_> {
             match p.update_container(result.update_request()).await {
                 Ok(rsp) => {
                     evictions.add(p.name(), rsp.evict);
-                    result.apply(p.name(), rsp.update)?;
+                    self.conflict(&p, result.apply(p.name(), rsp.update))?;
                 }
                 Err(e) => self.failed(&p, Event::UPDATE_CONTAINER, e).await?,
             }
@@ -217,7 +230,7 @@ impl Dispatch<'_> {
         let mut result = UpdateResult::for_stop();
         for p in self.subscribers(Event::STOP_CONTAINER) {
             match p.stop_container(req).await {
-                Ok(rsp) => result.apply(p.name(), rsp.update)?,
+                Ok(rsp) => self.conflict(&p, result.apply(p.name(), rsp.update))?,
                 Err(e) => self.failed(&p, Event::STOP_CONTAINER, e).await?,
             }
         }

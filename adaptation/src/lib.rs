@@ -18,6 +18,7 @@
 //! | [`resources`] | the table of NRI resource fields; [`resources::overlay`] keeps a runtime's NRI view current |
 //! | [`Error`], [`PluginError`], [`ValidationError`], [`MergeError`] | why a request failed, typed where a runtime branches |
 //! | [`DefaultValidator`] | the built-in validator |
+//! | [`Observer`] | per plugin request latency and outcome, refused answers (for metrics) |
 //!
 //! Pre-installed plugins are launched from the plugin directory
 //! ([`Options::plugin_path`]); plugin responses are merged with ownership
@@ -141,6 +142,7 @@ mod dispatch;
 mod error;
 mod known;
 mod launch;
+pub mod observe;
 mod owners;
 mod plugin;
 mod registry;
@@ -158,6 +160,7 @@ pub use config::{FailurePolicy, Options};
 pub use dispatch::{CreateReport, PluginResponse};
 pub use error::{BoxError, Error, PluginError, ValidationError};
 pub use nri_proto::{self, api, events::EventMask};
+pub use observe::{Observer, Outcome, Rejection};
 pub use plugin::{HandshakeError, PluginOrigin};
 pub use result::MergeError;
 pub use spec::{AdjustError, Adjuster, adjust, update};

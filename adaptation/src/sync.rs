@@ -21,6 +21,7 @@ use crate::{
     adaptation::Inner,
     error::{BoxError, Error},
     launch,
+    observe::Outcome,
     plugin::{HandshakeParams, Host, LaunchedIdentity, Plugin},
 };
 
@@ -43,6 +44,12 @@ impl Host for HostRef {
     fn release(&self, idx: &str, base: &str) {
         if let Some(i) = self.0.upgrade() {
             i.registry.release(idx, base);
+        }
+    }
+
+    fn observe(&self, plugin: &str, request: &'static str, elapsed: Duration, outcome: Outcome) {
+        if let Some(i) = self.0.upgrade() {
+            i.callbacks.observe(plugin, request, elapsed, outcome);
         }
     }
 

@@ -25,6 +25,12 @@
 //! state_root = "/run/nri-shim"  # daemon sockets and libcontainer state
 //! idle_timeout = "30s"          # daemon exits after this long with no containers
 //! log_level = "info"
+//!
+//! [cdi]
+//! spec_dirs = ["/etc/cdi", "/var/run/cdi"]  # lowest priority first
+//!
+//! [metrics]
+//! address = "127.0.0.1:9464"    # Prometheus scrape endpoint; off when unset
 //! ```
 
 use std::{
@@ -243,6 +249,31 @@ impl Default for ShimConfig {
     }
 }
 
+/// The `[cdi]` table: where CDI spec files are (see [`crate::cdi`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CdiConfig {
+    /// Spec directories, lowest priority first (absolute paths).
+    pub spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        CdiConfig {
+            spec_dirs: crate::cdi::DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+        }
+    }
+}
+
+/// The `[metrics]` table (see [`crate::metrics`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` to serve `GET /metrics` on, e.g. `"127.0.0.1:9464"`;
+    /// none (the default) serves nothing.
+    pub address: Option<std::net::SocketAddr>,
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -251,6 +282,10 @@ pub struct Config {
     pub nri: NriConfig,
     /// Shim settings.
     pub shim: ShimConfig,
+    /// CDI settings.
+    pub cdi: CdiConfig,
+    /// The metrics endpoint.
+    pub metrics: MetricsConfig,
 }
 
 impl Config {
@@ -274,6 +309,15 @@ impl Config {
                     message: format!("{key} = {:?}: must be an absolute path", value.display().to_string()),
                 });
             }
+        }
+        if let Some(dir) = config.cdi.spec_dirs.iter().find(|d| !d.is_absolute()) {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "cdi.spec_dirs entry {:?}: must be an absolute path",
+                    dir.display().to_string()
+                ),
+            });
         }
         Ok(config)
     }
@@ -372,6 +416,7 @@ mod tests {
             ("[nri]\nsocket_path = \"nri.sock\"", "nri.socket_path"),
             ("[nri]\nplugin_path = \"plugins\"", "nri.plugin_path"),
             ("[nri]\nplugin_config_path = \"conf.d\"", "nri.plugin_config_path"),
+            ("[cdi]\nspec_dirs = [\"/etc/cdi\", \"cdi\"]", "cdi.spec_dirs"),
         ] {
             let e = Config::parse(toml, Path::new("/etc/nri-shim/config.toml"))
                 .unwrap_err()

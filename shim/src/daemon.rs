@@ -409,15 +409,30 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
     let ttrpc_address = std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Arc::new(RemotePublisher::new(ttrpc_address));
     let service = Service::new(Arc::new(HelperRunner::new(exe, dir.clone())), dir.clone(), events);
+    service.set_cdi(crate::cdi::Registry::new(config.cdi.spec_dirs.clone()));
+    let metrics = config.metrics.address.map(|_| Arc::new(crate::metrics::Metrics::new()));
     let nri = if config.nri.disable {
         tracing::info!("NRI disabled by configuration");
         None
     } else {
-        let nri = build_adaptation(&service, &config)?;
+        let nri = build_adaptation(&service, &config, metrics.clone())?;
         nri.start().await.context("start NRI")?;
         service.set_nri(Arc::new(nri.clone()));
         Some(nri)
     };
+    if let (Some(address), Some(metrics)) = (config.metrics.address, metrics) {
+        let (s, n) = (service.downgrade(), nri.clone());
+        let served = crate::metrics::serve(address, metrics, move || crate::metrics::Snapshot {
+            plugins: n.as_ref().map_or(0, |n| n.plugin_names().len()),
+            tasks: s.upgrade().map(|s| s.task_states()).unwrap_or_default(),
+        })
+        .await;
+        // Metrics are for watching: a taken port must not stop containers.
+        match served {
+            Ok(bound) => tracing::info!(address = %bound, "serving metrics on /metrics"),
+            Err(e) => tracing::error!(error = %crate::error::chain(&e), "no metrics endpoint"),
+        }
+    }
     crate::monitor::spawn_stray_reaper().context("SIGCHLD handler")?;
     let sock = crate::layout::task_socket(&dir);
     let _ = std::fs::remove_file(&sock);
@@ -548,9 +563,17 @@ impl ConfigWatch {
     }
 }
 
-fn build_adaptation(service: &Service, config: &Config) -> anyhow::Result<Adaptation> {
+fn build_adaptation(
+    service: &Service,
+    config: &Config,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+) -> anyhow::Result<Adaptation> {
     let (s1, s2, s3) = (service.downgrade(), service.downgrade(), service.downgrade());
-    Adaptation::builder("nri-shim", env!("CARGO_PKG_VERSION"))
+    let mut builder = Adaptation::builder("nri-shim", env!("CARGO_PKG_VERSION"));
+    if let Some(m) = metrics {
+        builder = builder.with_observer(m);
+    }
+    builder
         .with_options(config.nri.options())
         .with_sync_fn(move || {
             let s = s1.clone();

@@ -31,6 +31,9 @@ pub enum ShimError {
     /// The adjusted spec could not be applied.
     #[error("NRI adjustment")]
     Adjust(#[from] nri_adaptation::AdjustError),
+    /// CDI devices requested by annotations could not be injected.
+    #[error("CDI devices")]
+    Cdi(#[from] crate::cdi::CdiError),
     /// Running the container failed.
     #[error("runtime: {0}")]
     Runtime(String),
@@ -58,7 +61,7 @@ impl ShimError {
         match self {
             ShimError::NotFound(_) => Code::NOT_FOUND,
             ShimError::AlreadyExists(_) => Code::ALREADY_EXISTS,
-            ShimError::InvalidArgument(_) | ShimError::Adjust(_) => Code::INVALID_ARGUMENT,
+            ShimError::InvalidArgument(_) | ShimError::Adjust(_) | ShimError::Cdi(_) => Code::INVALID_ARGUMENT,
             ShimError::FailedPrecondition(_) | ShimError::Nri(_) => Code::FAILED_PRECONDITION,
             ShimError::Unimplemented(_) => Code::UNIMPLEMENTED,
             ShimError::Runtime(_) | ShimError::Io { .. } => Code::UNKNOWN,
@@ -107,6 +110,13 @@ mod tests {
             (
                 ShimError::Adjust(nri_adaptation::AdjustError::Unsupported {
                     field: "f".into(),
+                    reason: "r".into(),
+                }),
+                Code::INVALID_ARGUMENT,
+            ),
+            (
+                ShimError::Cdi(crate::cdi::CdiError::InvalidName {
+                    name: "n".into(),
                     reason: "r".into(),
                 }),
                 Code::INVALID_ARGUMENT,

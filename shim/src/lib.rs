@@ -12,6 +12,7 @@
 //! | [`runner`] | the seam to the container runtime; the helper-process runner |
 //! | [`helper`] | libcontainer in a single-threaded helper process |
 //! | [`bundle`] | `config.json`, rootfs mounts, the exit status file |
+//! | [`cdi`] | CDI devices from spec files, by annotation or NRI adjustment |
 //! | [`monitor`] | exact exit statuses through pidfds |
 //! | [`nri`] | pods and containers from bundle annotations; the NRI seam |
 //! | [`io`] | stdio fifos, files and terminals |
@@ -21,12 +22,14 @@
 //! | [`record`] | what a task's bundle records for containerd's restart and for `delete` |
 //! | [`cleanup`] | `delete` without the daemon |
 //! | [`config`] | `/etc/nri-shim/config.toml` |
+//! | [`metrics`] | the optional Prometheus/OpenMetrics endpoint |
 //! | [`events`] | ordered publishing to containerd |
 
 #![warn(missing_docs)]
 
 pub mod args;
 pub mod bundle;
+pub mod cdi;
 pub mod cgroups;
 pub mod cgroupv2;
 pub mod cleanup;
@@ -37,6 +40,7 @@ pub mod events;
 pub mod helper;
 pub mod io;
 pub mod layout;
+pub mod metrics;
 pub mod monitor;
 pub mod nri;
 pub mod oom;

@@ -39,6 +39,10 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn reserve(&self, idx: &str, base: &str) -> bool;
     /// Releases a name taken by [`Host::reserve`].
     fn release(&self, idx: &str, base: &str);
+    /// How one request of `plugin` ended (for the runtime's observer).
+    fn observe(&self, plugin: &str, request: &'static str, elapsed: Duration, outcome: crate::observe::Outcome) {
+        let _ = (plugin, request, elapsed, outcome);
+    }
     /// Unsolicited UpdateContainers from plugin `plugin`.
     async fn update_containers(
         &self,

@@ -24,7 +24,7 @@ pub use handshake::HandshakeError;
 pub(crate) use handshake::{HandshakeParams, Host, LaunchedIdentity};
 use link::Link;
 
-use crate::{config::FailurePolicy, error::PluginError, launch::PluginProcess};
+use crate::{config::FailurePolicy, error::PluginError, launch::PluginProcess, observe::Outcome};
 
 /// How a plugin came to be connected.
 #[derive(Debug, Clone)]
@@ -217,7 +217,14 @@ impl Plugin {
         if self.is_closed() {
             return Err(PluginError::Closed);
         }
+        let started = std::time::Instant::now();
         let r = fut.await;
+        let outcome = match &r {
+            Ok(_) => Outcome::Ok,
+            Err(PluginError::Timeout(_)) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        };
+        self.host.observe(self.name(), what, started.elapsed(), outcome);
         if let Err(e) = &r {
             tracing::debug!(plugin = %self.name(), request = what, error = %e, "plugin request failed");
         }

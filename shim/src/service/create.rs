@@ -82,8 +82,21 @@ impl Service {
         let mut spec = loaded.spec;
         tracing::debug!(task = id, root = ?spec.root(), args = ?spec.process().as_ref().and_then(|p| p.args().clone()), "creating");
         let defaulted_path = bundle::default_path_env(&mut spec);
-        undo.mounts = bundle::mount_rootfs(&req.rootfs, &bundle.rootfs())?;
         let Identity { role, pod, name } = nri::identify(ns, id, &spec);
+        let cdi = self.cdi();
+        // CDI requests of the spec's annotations, before NRI (plugins see
+        // the devices, as with containerd's own CDI injection). A sandbox
+        // gets no devices: its annotations are the pod's.
+        let mut cdi_injected = false;
+        if role != Role::Sandbox {
+            let requested = crate::cdi::annotation_devices(spec.annotations().as_ref())?;
+            if !requested.is_empty() {
+                cdi.inject(&mut spec, &requested)?;
+                tracing::info!(task = id, devices = ?requested, "CDI devices injected (annotations)");
+                cdi_injected = true;
+            }
+        }
+        undo.mounts = bundle::mount_rootfs(&req.rootfs, &bundle.rootfs())?;
         let nri = self.nri();
         let (pod, announced) = self.ensure_pod(&nri, role, pod).await?;
         if announced {
@@ -106,10 +119,12 @@ impl Service {
                 })
                 .await?;
             bundle::check_nri_mounts(rsp.adjust.get_or_default())?;
-            spec::adjust(&mut spec, rsp.adjust.get_or_default())?;
+            spec::Adjuster::new()
+                .with_cdi_injector(|s, names| cdi.inject(s, names).map_err(|e| e.to_string()))
+                .adjust(&mut spec, rsp.adjust.get_or_default())?;
             updates = rsp.update;
         }
-        if role != Role::Sandbox || defaulted_path {
+        if role != Role::Sandbox || defaulted_path || cdi_injected {
             bundle.write_spec(&spec)?;
             undo.config = Some(loaded.original);
         }

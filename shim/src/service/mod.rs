@@ -67,6 +67,7 @@ struct Inner {
     state_root: PathBuf,
     events: Arc<dyn EventSink>,
     nri: OnceLock<Arc<dyn Nri>>,
+    cdi: OnceLock<crate::cdi::Registry>,
     tasks: TaskTable,
     pods: Pods,
 }
@@ -97,6 +98,7 @@ impl Service {
                 state_root,
                 events,
                 nri: OnceLock::new(),
+                cdi: OnceLock::new(),
                 tasks: TaskTable::default(),
                 pods: Pods::default(),
             }),
@@ -106,6 +108,16 @@ impl Service {
     /// Attaches NRI (once).
     pub fn set_nri(&self, nri: Arc<dyn Nri>) {
         let _ = self.inner.nri.set(nri);
+    }
+
+    /// Sets the CDI spec directories (once; default
+    /// [`crate::cdi::DEFAULT_SPEC_DIRS`]).
+    pub fn set_cdi(&self, registry: crate::cdi::Registry) {
+        let _ = self.inner.cdi.set(registry);
+    }
+
+    fn cdi(&self) -> crate::cdi::Registry {
+        self.inner.cdi.get().cloned().unwrap_or_default()
     }
 
     fn nri(&self) -> Arc<dyn Nri> {
@@ -119,6 +131,11 @@ impl Service {
     /// A weak handle for NRI callbacks (no reference cycle with the adaptation).
     pub fn downgrade(&self) -> WeakService {
         WeakService(Arc::downgrade(&self.inner))
+    }
+
+    /// The init status of every live task (one entry per task, in no order).
+    pub fn task_states(&self) -> Vec<Status> {
+        self.inner.tasks.all().iter().map(|t| t.init.status.get()).collect()
     }
 
     /// Number of live tasks.

@@ -62,6 +62,15 @@ impl Illegal {
 }
 
 impl Status {
+    /// Every status, in lifecycle order.
+    pub const ALL: [Status; 5] = [
+        Status::Created,
+        Status::Starting,
+        Status::Running,
+        Status::Paused,
+        Status::Stopped,
+    ];
+
     /// Lower-case name for messages.
     pub fn name(self) -> &'static str {
         match self {

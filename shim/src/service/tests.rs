@@ -203,6 +203,8 @@ impl crate::runner::OomEvents for FakeOom {
 struct FakeNri {
     events: Mutex<Vec<String>>,
     refuse_create: Mutex<bool>,
+    /// CDI devices CreateContainer asks for.
+    cdi: Mutex<Vec<String>>,
 }
 
 impl FakeNri {
@@ -242,6 +244,12 @@ impl Nri for FakeNri {
             value: "1".into(),
             ..Default::default()
         });
+        for name in self.cdi.lock().unwrap().iter() {
+            rsp.adjust.mut_or_insert_default().CDI_devices.push(api::CDIDevice {
+                name: name.clone(),
+                ..Default::default()
+            });
+        }
         Ok(rsp)
     }
     async fn post_create_container(
@@ -877,4 +885,82 @@ proptest::proptest! {
         update.rdt_class.clear();
         property_case(&before, &update)?;
     }
+}
+
+const CDI_SPEC: &str = r#"
+cdiVersion: "0.6.0"
+kind: example.com/test
+devices:
+  - name: from-annotation
+    containerEdits:
+      env: ["ANNOTATED=1"]
+  - name: from-nri
+    containerEdits:
+      env: ["FROM_CDI=1"]
+      deviceNodes: [{path: /dev/example, type: c, major: 1, minor: 3}]
+"#;
+
+impl Fixture {
+    fn with_cdi() -> Fixture {
+        let f = Fixture::new();
+        let dir = f.dir.path().join("cdi");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("test.yaml"), CDI_SPEC).unwrap();
+        f.service.set_cdi(crate::cdi::Registry::new(vec![dir]));
+        f
+    }
+    fn config(&self, id: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.dir.path().join("bundles").join(id).join("config.json")).unwrap())
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn cdi_devices_of_annotations_and_plugins_reach_the_spec() {
+    let f = Fixture::with_cdi();
+    f.nri.cdi.lock().unwrap().push("example.com/test=from-nri".into());
+    f.create("c1", &[("cdi.k8s.io/dp_x", "example.com/test=from-annotation")])
+        .await
+        .unwrap();
+    let spec = f.config("c1");
+    assert_eq!(
+        spec["process"]["env"],
+        serde_json::json!(["PATH=/bin", "ANNOTATED=1", "FROM_NRI=1", "FROM_CDI=1"])
+    );
+    assert_eq!(spec["linux"]["devices"][0]["path"], "/dev/example");
+}
+
+#[tokio::test]
+async fn an_unknown_cdi_device_fails_the_create_naming_it_and_leaves_nothing() {
+    let f = Fixture::with_cdi();
+    f.nri.cdi.lock().unwrap().push("example.com/test=gpu7".into());
+    f.bundle("c1", &[]);
+    let original = std::fs::read(f.dir.path().join("bundles/c1/config.json")).unwrap();
+    let e = f.create("c1", &[]).await.unwrap_err();
+    let text = crate::error::chain(&e);
+    assert_eq!(code(e), ttrpc::Code::INVALID_ARGUMENT);
+    assert!(
+        text.contains("unknown CDI device example.com/test=gpu7")
+            && text.contains("test.yaml defines kind example.com/test"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read(f.dir.path().join("bundles/c1/config.json")).unwrap(),
+        original
+    );
+    assert!(f.runner.calls().is_empty(), "{:?}", f.runner.calls());
+    assert_eq!(f.service.task_count(), 0);
+    assert!(f.service.nri_state().pods.is_empty());
+    // From an annotation: refused before any plugin hears of it.
+    f.nri.cdi.lock().unwrap().clear();
+    f.nri.events.lock().unwrap().clear();
+    let e = f
+        .create("c2", &[("cdi.k8s.io/x", "example.com/test=gpu8")])
+        .await
+        .unwrap_err();
+    let text = crate::error::chain(&e);
+    assert_eq!(code(e), ttrpc::Code::INVALID_ARGUMENT);
+    assert!(text.contains("example.com/test=gpu8"), "{text}");
+    assert!(f.nri.events().is_empty(), "{:?}", f.nri.events());
+    f.create("c1", &[]).await.unwrap();
 }
