@@ -45,7 +45,7 @@ pub struct CreateReport {
 pub(crate) struct Dispatch<'a> {
     pub registry: &'a Arc<Registry>,
     pub callbacks: &'a Callbacks,
-    pub opts: &'a Options,
+    pub opts: Arc<Options>,
 }
 
 impl Dispatch<'_> {
