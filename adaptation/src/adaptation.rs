@@ -46,7 +46,7 @@ use crate::{
 /// ```
 #[derive(Clone)]
 pub struct Adaptation {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// State shared by the adaptation's handles and its background tasks.
@@ -54,7 +54,9 @@ pub(crate) struct Inner {
     pub name: String,
     pub version: String,
     pub callbacks: Callbacks,
-    pub opts: Options,
+    /// Swapped whole by [`Adaptation::reconfigure`]; a request works on
+    /// the copy it took.
+    opts: std::sync::RwLock<Arc<Options>>,
     pub builtins: Vec<Builtin>,
     pub registry: Arc<Registry>,
     /// Serializes runtime requests, as upstream's mutex, and a joining
@@ -68,7 +70,7 @@ pub(crate) struct Inner {
     pub sync_lock: Arc<tokio::sync::RwLock<()>>,
     run: Mutex<RunState>,
     /// Serializes start and stop (never held while dispatching events).
-    lifecycle: tokio::sync::Mutex<()>,
+    pub lifecycle: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -101,8 +103,19 @@ impl Inner {
     fn dispatch(&self) -> Dispatch<'_> {
         Dispatch {
             registry: &self.registry,
-            opts: &self.opts,
+            callbacks: &self.callbacks,
+            opts: self.opts(),
         }
+    }
+
+    /// The options in effect.
+    pub fn opts(&self) -> Arc<Options> {
+        nri_proto::sync::read(&self.opts).clone()
+    }
+
+    /// Puts `opts` in effect for what starts from now on.
+    pub fn set_opts(&self, opts: Options) {
+        *nri_proto::sync::write(&self.opts) = Arc::new(opts);
     }
 }
 
@@ -120,7 +133,7 @@ impl Adaptation {
                 name,
                 version,
                 callbacks,
-                opts,
+                opts: std::sync::RwLock::new(Arc::new(opts)),
                 builtins,
                 registry: Arc::new(Registry::default()),
                 request_lock: tokio::sync::Mutex::new(()),
@@ -132,9 +145,9 @@ impl Adaptation {
         }
     }
 
-    /// The options in effect.
-    pub fn options(&self) -> &Options {
-        &self.inner.opts
+    /// The options in effect (see [`Adaptation::reconfigure`]).
+    pub fn options(&self) -> Arc<Options> {
+        self.inner.opts()
     }
 
     /// Launches, configures and synchronizes the pre-installed plugins, then
@@ -171,12 +184,13 @@ impl Adaptation {
     }
 
     async fn start_listener(&self) -> Result<(), Error> {
-        if self.inner.opts.disable_connections {
+        let opts = self.inner.opts();
+        if opts.disable_connections {
             tracing::info!("NRI external plugin connections disabled");
             return Ok(());
         }
         let weak = Arc::downgrade(&self.inner);
-        let listener = Listener::open(&self.inner.opts.socket_path, move |stream| match weak.upgrade() {
+        let listener = Listener::open(&opts.socket_path, move |stream| match weak.upgrade() {
             Some(inner) => {
                 tokio::spawn(sync::connect_external(inner, stream));
                 true
@@ -202,7 +216,7 @@ impl Adaptation {
         if let Some(listener) = listener {
             listener.close().await;
         }
-        let wait = self.inner.opts.request_timeout.min(Duration::from_secs(1));
+        let wait = self.inner.opts().request_timeout.min(Duration::from_secs(1));
         join_all(
             self.inner
                 .registry

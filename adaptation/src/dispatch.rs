@@ -67,7 +67,8 @@ impl Evictions {
 /// the request lock.
 pub(crate) struct Dispatch<'a> {
     pub registry: &'a Arc<Registry>,
-    pub opts: &'a Options,
+    pub callbacks: &'a Callbacks,
+    pub opts: Arc<Options>,
 }
 
 impl Dispatch<'_> {

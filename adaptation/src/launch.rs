@@ -29,7 +29,9 @@ pub struct Discovered {
 /// Lists the plugins to launch from `dir`, in lexical file-name order.
 ///
 /// A missing directory means no plugins. Directories and files without any
-/// execute bit are skipped. A file whose name is not `IDX-NAME` (two-digit
+/// execute bit are skipped, each with a warning (upstream skips them
+/// silently, which hides a plugin installed without `chmod +x`). A file
+/// whose name is not `IDX-NAME` (two-digit
 /// index) is skipped with a warning: upstream NRI fails the whole start
 /// instead, which takes every plugin down for one stray file. WebAssembly
 /// plugins are not supported and are skipped with a warning.
@@ -58,7 +60,12 @@ pub fn discover(dir: &Path) -> Result<Vec<Discovered>, Error> {
             tracing::warn!(path = %path.display(), "skipping unreadable entry in NRI plugin directory");
             continue;
         };
-        if meta.is_dir() || meta.permissions().mode() & 0o111 == 0 {
+        if meta.is_dir() {
+            tracing::warn!(path = %path.display(), "skipping directory in NRI plugin directory");
+            continue;
+        }
+        if meta.permissions().mode() & 0o111 == 0 {
+            tracing::warn!(path = %path.display(), "skipping non-executable file in NRI plugin directory");
             continue;
         }
         match entry.file_name().into_string() {
@@ -187,6 +194,20 @@ fn spawn_retrying_busy(cmd: &mut tokio::process::Command) -> std::io::Result<tok
     }
 }
 
+/// How a plugin process ended, for messages: `exit status 17` or `killed
+/// by signal SIGSEGV`.
+pub fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(name) => format!("killed by signal {name}"),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        (None, None) => status.to_string(),
+    }
+}
+
 /// A launched plugin's process, leader of its own process group. Dropping
 /// it SIGKILLs the group: the plugin and whatever it started, which would
 /// otherwise outlive a plugin that failed or was dropped.
@@ -197,6 +218,13 @@ impl PluginProcess {
     /// The plugin's pid while it has not been reaped.
     pub fn id(&self) -> Option<u32> {
         self.0.id()
+    }
+
+    /// The plugin's exit status if it exits within `within`: a plugin
+    /// whose connection closed while it started has usually died, and its
+    /// status (or signal) is what tells an operator why.
+    pub async fn exit_status(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.0.wait()).await.ok()?.ok()
     }
 
     fn kill_group(&self) {

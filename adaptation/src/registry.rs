@@ -88,6 +88,14 @@ impl Registry {
         p.kill().await;
     }
 
+    /// Deactivates `p`, asks it to shut down (bounded by `wait`) and
+    /// kills its process (if launched).
+    pub async fn remove_gracefully(&self, p: &Arc<Plugin>, wait: std::time::Duration) {
+        write(&self.plugins).retain(|q| !Arc::ptr_eq(q, p));
+        tracing::info!(plugin = %p.name(), "NRI plugin removed");
+        p.shutdown(wait).await;
+    }
+
     /// Empties the table (at stop); the caller shuts the plugins down.
     pub fn take_all(&self) -> Vec<Arc<Plugin>> {
         std::mem::take(&mut *write(&self.plugins))

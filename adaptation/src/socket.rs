@@ -18,6 +18,41 @@ use crate::error::Error;
 /// predecessor handing over) before the path counts as in use.
 const SOCKET_HANDOVER: Duration = Duration::from_secs(2);
 
+/// Pause between two probes of a live socket during the handover.
+const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long one probe may wait for the kernel to take its connection.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What a connect() to an existing socket file says about its owner.
+enum Probe {
+    /// Nobody listens (ECONNREFUSED) or the file is gone: safe to replace.
+    Stale,
+    /// A listener took the connection (accepted or queued it).
+    Accepts,
+    /// A listener exists but its backlog is full (EAGAIN) or the connect
+    /// did not complete in time: it is not accepting. A blocking connect
+    /// would wait here forever.
+    NotAccepting,
+    /// Any other error (permissions, ...): neither stale nor provably live.
+    Failed(std::io::Error),
+}
+
+/// Connects to `path` without blocking the thread and without waiting
+/// longer than [`PROBE_TIMEOUT`].
+async fn probe(path: &Path) -> Probe {
+    use std::io::ErrorKind;
+    match tokio::time::timeout(PROBE_TIMEOUT, UnixStream::connect(path)).await {
+        Err(_elapsed) => Probe::NotAccepting,
+        Ok(Ok(_stream)) => Probe::Accepts,
+        Ok(Err(e)) => match e.kind() {
+            ErrorKind::ConnectionRefused | ErrorKind::NotFound => Probe::Stale,
+            ErrorKind::WouldBlock => Probe::NotAccepting,
+            _ => Probe::Failed(e),
+        },
+    }
+}
+
 /// A bound socket and the task accepting on it.
 pub(crate) struct Listener {
     task: JoinHandle<()>,
@@ -60,8 +95,9 @@ fn inode(path: &Path) -> Option<(u64, u64)> {
 
 /// Creates the parent directory (0700) and listens on `path`. A stale
 /// socket is replaced (NRI); unlike upstream, a socket somebody still
-/// listens on, or a path that is not a socket, is an error rather than
-/// silently unlinked.
+/// listens on (probed without blocking: also one whose backlog is full),
+/// or a path that is not a socket, is an error rather than silently
+/// unlinked.
 async fn bind(path: &Path) -> Result<(UnixListener, (u64, u64)), Error> {
     use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
     let err = |what, source| Error::Socket {
@@ -85,16 +121,23 @@ async fn bind(path: &Path) -> Result<(UnixListener, (u64, u64)), Error> {
         }
         Ok(_) => {
             let deadline = tokio::time::Instant::now() + SOCKET_HANDOVER;
-            while std::os::unix::net::UnixStream::connect(path).is_ok() {
+            loop {
+                let in_use = match probe(path).await {
+                    Probe::Stale => break,
+                    Probe::Accepts => {
+                        "another process listens on it (another runtime? set a different socket path or disable external connections)"
+                    }
+                    Probe::NotAccepting => {
+                        "another process listens on it but accepts no connections (a hung runtime? stop it or set a different socket path)"
+                    }
+                    Probe::Failed(e) => return Err(err("cannot probe the existing socket", e)),
+                };
                 if tokio::time::Instant::now() >= deadline {
-                    return Err(err(
-                        "another process listens on it (another runtime? set a different socket path or disable external connections)",
-                        std::io::ErrorKind::AddrInUse.into(),
-                    ));
+                    return Err(err(in_use, std::io::ErrorKind::AddrInUse.into()));
                 }
                 // Each probe is a connection the other side logs as a
                 // failed plugin: few of them.
-                tokio::time::sleep(Duration::from_millis(250)).await;
+                tokio::time::sleep(PROBE_INTERVAL).await;
             }
             match std::fs::remove_file(path) {
                 Ok(()) => tracing::info!(path = %path.display(), "removed stale NRI socket"),

@@ -74,8 +74,8 @@ fn params(inner: &Inner) -> HandshakeParams {
     HandshakeParams {
         runtime_name: inner.name.clone(),
         runtime_version: inner.version.clone(),
-        registration_timeout: inner.opts.registration_timeout,
-        request_timeout: inner.opts.request_timeout,
+        registration_timeout: inner.opts().registration_timeout,
+        request_timeout: inner.opts().request_timeout,
     }
 }
 
@@ -88,7 +88,7 @@ fn params(inner: &Inner) -> HandshakeParams {
 pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
     let mut builtins = Vec::new();
     for b in &inner.builtins {
-        let policy = inner.opts.failure_policy(&b.idx, &b.base);
+        let policy = inner.opts().failure_policy(&b.idx, &b.base);
         let started = Plugin::builtin(
             b.idx.clone(),
             b.base.clone(),
@@ -114,7 +114,8 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
     }
     let n_builtins = builtins.len();
     let mut launched = builtins;
-    launched.extend(launch_plugins(inner).await?);
+    let found = launch::discover(&inner.opts().plugin_path)?;
+    launched.extend(launch_plugins(inner, found).await);
     if launched.is_empty() {
         return Ok(());
     }
@@ -166,17 +167,16 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
     Ok(())
 }
 
-/// Launches every plugin of the plugin directory and runs its handshake,
-/// all at once; those that fail are logged and left out.
-async fn launch_plugins(inner: &Arc<Inner>) -> Result<Vec<Arc<Plugin>>, Error> {
-    let found = launch::discover(&inner.opts.plugin_path)?;
+/// Launches the `found` plugins of the plugin directory and runs their
+/// handshakes, all at once; those that fail are logged and left out.
+pub(crate) async fn launch_plugins(inner: &Arc<Inner>, found: Vec<launch::Discovered>) -> Vec<Arc<Plugin>> {
     let params = params(inner);
     let tasks = found.into_iter().map(|d| {
         let params = params.clone();
         let host = host(inner);
         let inner = inner.clone();
         async move {
-            let config = match launch::plugin_config(&inner.opts.plugin_config_path, &d.idx, &d.base) {
+            let config = match launch::plugin_config(&inner.opts().plugin_config_path, &d.idx, &d.base) {
                 Ok(c) => c,
                 Err((file, e)) => {
                     tracing::error!(plugin = %format!("{}-{}", d.idx, d.base), file = %file.display(), error = %e, "cannot read NRI plugin configuration, not starting the plugin");
@@ -197,7 +197,7 @@ async fn launch_plugins(inner: &Arc<Inner>) -> Result<Vec<Arc<Plugin>>, Error> {
                 path: d.path.clone(),
                 child,
             };
-            match Plugin::handshake(stream, Some(identity), &params, host, |i, b| inner.opts.failure_policy(i, b)).await {
+            match Plugin::handshake(stream, Some(identity), &params, host, |i, b| inner.opts().failure_policy(i, b)).await {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(path = %d.path.display(), error = %e, "NRI plugin failed to start");
@@ -206,14 +206,14 @@ async fn launch_plugins(inner: &Arc<Inner>) -> Result<Vec<Arc<Plugin>>, Error> {
             }
         }
     });
-    Ok(join_all(tasks).await.into_iter().flatten().collect())
+    join_all(tasks).await.into_iter().flatten().collect()
 }
 
 /// Registers, configures and synchronizes a plugin that dialled the socket.
 pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::UnixStream) {
     let params = params(&inner);
     let plugin = match Plugin::handshake(stream, None, &params, host(&inner), |i, b| {
-        inner.opts.failure_policy(i, b)
+        inner.opts().failure_policy(i, b)
     })
     .await
     {
@@ -223,6 +223,13 @@ pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::Unix
             return;
         }
     };
+    join(&inner, plugin).await;
+}
+
+/// Synchronizes a plugin that joins a running adaptation (not holding off
+/// runtime operations under a [`PluginSyncBlock`]) and adds it; `false`
+/// when it failed and was closed.
+pub(crate) async fn join(inner: &Arc<Inner>, plugin: Arc<Plugin>) -> bool {
     let _sync = inner.sync_lock.write().await;
     // Begun before asking the runtime, so what changes while it answers is
     // known to be newer than its answer.
@@ -232,7 +239,8 @@ pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::Unix
         Err(e) => {
             tracing::error!(plugin = %plugin.name(), error = &*e as &dyn std::error::Error, "runtime failed to list pods and containers, closing NRI plugin");
             plugin.close().await;
-            return;
+            plugin.kill().await;
+            return false;
         }
     };
     // Held from completing the state until the plugin is active: an event
@@ -248,15 +256,18 @@ pub(crate) async fn connect_external(inner: Arc<Inner>, stream: tokio::net::Unix
         }
         Ok(_) => {
             plugin.close().await;
-            return;
+            plugin.kill().await;
+            return false;
         }
         Err(e) => {
             tracing::error!(plugin = %plugin.name(), error = %e, "failed to synchronize NRI plugin, closing it");
             plugin.close().await;
-            return;
+            plugin.kill().await;
+            return false;
         }
     };
     drop(req);
     drop(ticket);
     inner.callbacks.apply_updates(updates).await;
+    true
 }

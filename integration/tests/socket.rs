@@ -114,6 +114,53 @@ async fn r21_live_socket_or_non_socket_at_the_path_is_not_taken_over() {
     assert!(!socket.exists(), "stop removes its own socket");
 }
 
+/// A listener that never accepts (a hung runtime: its backlog is full)
+/// does not hang the start in connect(): the start fails within the
+/// handover time, naming the path and saying the listener accepts nothing,
+/// and the socket stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_that_never_accepts_fails_the_start_in_bounded_time() {
+    use std::os::fd::AsRawFd as _;
+
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, connect, listen, socket};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hung.sock");
+    let hung = socket(AddressFamily::Unix, SockType::Stream, SockFlag::empty(), None).unwrap();
+    let addr = UnixAddr::new(&path).unwrap();
+    bind(hung.as_raw_fd(), &addr).unwrap();
+    listen(&hung, Backlog::new(0).unwrap()).unwrap();
+    // Fill the backlog: the next connect would block (or fail with EAGAIN).
+    let mut queued = Vec::new();
+    loop {
+        let c = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK, None).unwrap();
+        match connect(c.as_raw_fd(), &addr) {
+            Ok(()) => queued.push(c),
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("filling the backlog: {e}"),
+        }
+    }
+
+    let nri = build(dir.path(), &path, false);
+    let started = std::time::Instant::now();
+    let start = tokio::spawn(async move { nri.start().await.map_err(|e| e.to_string()) });
+    let text = tokio::time::timeout(std::time::Duration::from_secs(10), start)
+        .await
+        .expect("start hangs on a listener that never accepts")
+        .unwrap()
+        .expect_err("the socket is in use");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("accepts no connections"),
+        "{text}"
+    );
+    assert!(path.exists(), "the live socket was removed");
+    drop((queued, hung));
+}
+
 /// A successor that took the path over keeps its socket when the
 /// predecessor stops (the daemon handover of the shim).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,12 +54,17 @@ fn answers(sock: &Path) -> bool {
 /// it serves: a failure (NRI socket in the way, plugin directory not a
 /// directory, ...) fails `start` at once with the daemon's reason.
 ///
+/// Only `state_root` is needed here (see
+/// [`Config::state_root_lenient`]): a running daemon keeps taking
+/// containers while its config file is invalid; a daemon that must be
+/// started loads the file itself and reports when it cannot.
+///
 /// # Errors
 /// When the daemon cannot be started, reports a failure, or does not come
 /// up within 10 s; when the bundle records cannot be written.
-pub fn start_action(flags: &Flags, config: &Config) -> anyhow::Result<()> {
-    let sock = socket_path(config, &flags.address);
-    let dir = daemon_dir(config, &flags.address);
+pub fn start_action(flags: &Flags, state_root: &Path) -> anyhow::Result<()> {
+    let dir = state_root.join(short_hash(&flags.address));
+    let sock = crate::layout::task_socket(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     // One starter at a time, and never while the daemon decides to exit on
     // idle (it takes the same lock for its last check and the removal of
@@ -393,6 +398,8 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
     // Targets, not EnvFilter: no regex engine in the resident daemon. The
     // filter was checked when the config was loaded.
     let filter: tracing_subscriber::filter::Targets = config.shim.log_level.parse().unwrap_or_default();
+    // Behind a reload handle: SIGHUP may change the level.
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let _ = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(crate::shimlog::writer)
@@ -400,11 +407,25 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
         .finish()
         .with(filter)
         .try_init();
+    let set_log_level = move |level: &str| -> anyhow::Result<()> {
+        let targets: tracing_subscriber::filter::Targets = level.parse()?;
+        handle.reload(targets)?;
+        Ok(())
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(serve(flags, config, dir, ready))
+    rt.block_on(serve(flags, config, dir, ready, &set_log_level))
 }
 
-async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -> anyhow::Result<()> {
+/// Sets the log filter (a `[shim] log_level` value) of the running daemon.
+type SetLogLevel<'a> = &'a dyn Fn(&str) -> anyhow::Result<()>;
+
+async fn serve(
+    flags: &Flags,
+    mut config: Config,
+    dir: PathBuf,
+    ready: &mut Ready,
+    set_log_level: SetLogLevel<'_>,
+) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("own executable")?;
     let ttrpc_address = std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Arc::new(RemotePublisher::new(ttrpc_address));
@@ -433,6 +454,12 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
             Err(e) => tracing::error!(error = %crate::error::chain(&e), "no metrics endpoint"),
         }
     }
+    // Plugin files added or removed are picked up without a signal.
+    let plugin_dirs = nri.as_ref().map(|n| {
+        let (tx, rx) = tokio::sync::watch::channel(config.nri.plugin_path.clone());
+        tokio::spawn(crate::plugin_watch::run(n.clone(), rx));
+        tx
+    });
     crate::monitor::spawn_stray_reaper().context("SIGCHLD handler")?;
     let sock = crate::layout::task_socket(&dir);
     let _ = std::fs::remove_file(&sock);
@@ -445,8 +472,9 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
     ));
     let accepted = service.clone();
     let watch = Arc::new(std::sync::Mutex::new(ConfigWatch::new(crate::config::Config::path())));
+    let accept_watch = watch.clone();
     let incoming = futures::stream::unfold(listener, move |l| {
-        let (accepted, watch) = (accepted.clone(), watch.clone());
+        let (accepted, watch) = (accepted.clone(), accept_watch.clone());
         async move {
             let conn = l.accept().await.map(|(s, _)| s);
             // `start` probes before printing the address: the client that
@@ -463,18 +491,21 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
         .register_service(crate::task::services(task));
     server.start().await.context("start task server")?;
     tracing::info!(socket = %sock.display(), pid = std::process::id(), "nri-shim daemon serving");
-    ready.report("ok");
 
     // Idle exit: no tasks, no task request in flight, no connection or
     // request, and no external NRI plugin, for idle_timeout.
-    let idle = config.shim.idle_timeout;
+    let mut idle = config.shim.idle_timeout;
     let mut idle_since: Option<Instant> = None;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
     // SIGTERM/SIGINT (systemd, an operator): the same orderly exit as on
     // idle, whatever still runs (containerd cleans up after a dead shim).
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).context("SIGINT handler")?;
+    // Handlers in place before `start` returns: a SIGHUP before would end
+    // the daemon (the default action).
+    ready.report("ok");
     let quiet = || {
         service
             .idle_for()
@@ -507,6 +538,20 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
             _ = tokio::time::sleep(tick) => {}
             _ = service.changed() => {}
             _ = shutdown.notified() => {}
+            _ = hup.recv() => {
+                reload_config(&mut config, nri.as_ref(), set_log_level).await;
+                idle = config.shim.idle_timeout;
+                if let Some(tx) = &plugin_dirs {
+                    tx.send_if_modified(|d| {
+                        let moved = *d != config.nri.plugin_path;
+                        d.clone_from(&config.nri.plugin_path);
+                        moved
+                    });
+                }
+                if let Ok(mut w) = watch.lock() {
+                    w.reloaded();
+                }
+            }
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
         }
@@ -524,9 +569,58 @@ async fn serve(flags: &Flags, config: Config, dir: PathBuf, ready: &mut Ready) -
     Ok(())
 }
 
-/// Notices a config file edited while the daemon runs: the daemon keeps
-/// the configuration it started with (plugins, sockets, state root cannot
-/// change under running containers), which an operator must be told.
+/// SIGHUP: reads the config file again and applies what can change under
+/// running containers (see [`crate::reload`]); an invalid file is logged
+/// and the running configuration kept.
+async fn reload_config(running: &mut Config, nri: Option<&Adaptation>, set_log_level: SetLogLevel<'_>) {
+    let path = Config::path();
+    let new = match Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %crate::error::chain(&e), "config reload failed; the running configuration stays in effect");
+            return;
+        }
+    };
+    let plan = crate::reload::plan(running, &new);
+    let mut effective = crate::reload::effective(running, &new);
+    if !plan.needs_restart.is_empty() {
+        tracing::warn!(config = %path.display(), keys = ?plan.needs_restart, "config reload: these keys need a restart of the daemon (SIGTERM once no container runs, or an upgrade); their running values stay");
+    }
+    if plan.live.contains(&"shim.log_level") {
+        if let Err(e) = set_log_level(&effective.shim.log_level) {
+            tracing::error!(error = %format!("{e:#}"), "config reload: cannot set the log level");
+            effective.shim.log_level = running.shim.log_level.clone();
+        }
+    }
+    if let Some(nri) = nri {
+        match nri.reconfigure(effective.nri.options()).await {
+            Ok(r) => log_plugin_changes("config reload", &r),
+            Err(e) => {
+                tracing::error!(error = %crate::error::chain(&e), "config reload: the running NRI configuration stays in effect");
+                effective.nri = running.nri.clone();
+            }
+        }
+    }
+    *running = effective;
+    tracing::info!(config = %path.display(), changed = ?plan.live, "config reloaded");
+}
+
+/// Logs what a reconfiguration or rescan of the NRI plugins did.
+pub(crate) fn log_plugin_changes(why: &str, r: &nri_adaptation::Reconfigured) {
+    if !r.stopped.is_empty() {
+        tracing::info!(plugins = ?r.stopped, "{why}: pre-installed NRI plugins stopped");
+    }
+    if !r.started.is_empty() {
+        tracing::info!(plugins = ?r.started, "{why}: pre-installed NRI plugins started");
+    }
+    if !r.failed.is_empty() {
+        tracing::error!(plugins = ?r.failed, "{why}: pre-installed NRI plugins failed to start");
+    }
+}
+
+/// Notices a config file edited while the daemon runs: it is applied only
+/// on SIGHUP (an operator edits in several steps), which the operator must
+/// be told.
 struct ConfigWatch {
     path: PathBuf,
     loaded: Option<Vec<u8>>,
@@ -556,10 +650,18 @@ impl ConfigWatch {
         if now != self.loaded && now != self.warned {
             tracing::warn!(
                 config = %self.path.display(),
-                "the shim config changed since this daemon started; it keeps the old one until it exits (idle exit, or SIGTERM once no container runs)"
+                pid = std::process::id(),
+                "the shim config changed since this daemon loaded it; SIGHUP to the daemon applies it"
             );
             self.warned = now;
         }
+    }
+
+    /// The file was read again: its content is the one loaded now.
+    fn reloaded(&mut self) {
+        self.mtime = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
+        self.loaded = std::fs::read(&self.path).ok();
+        self.warned = None;
     }
 }
 

@@ -23,6 +23,8 @@
 //! | [`cleanup`] | `delete` without the daemon |
 //! | [`config`] | `/etc/nri-shim/config.toml` |
 //! | [`metrics`] | the optional Prometheus/OpenMetrics endpoint |
+//! | [`plugin_watch`] | plugins added to or removed from `plugin_path`, without a signal |
+//! | [`reload`] | SIGHUP: what a new config changes in a running daemon |
 //! | [`events`] | ordered publishing to containerd |
 
 #![warn(missing_docs)]
@@ -44,7 +46,9 @@ pub mod metrics;
 pub mod monitor;
 pub mod nri;
 pub mod oom;
+pub mod plugin_watch;
 pub mod record;
+pub mod reload;
 pub mod runner;
 pub mod service;
 pub mod shimlog;
@@ -73,13 +77,14 @@ pub fn main() {
         print!("{}", args::USAGE);
         return;
     }
-    // `delete` must clean up whatever the config file holds (an operator
-    // mid-edit): it reads the bundle's record instead; the daemon loads
-    // the file itself and reports a failure to the `start` waiting on it.
+    // `start` and `delete` must work whatever the config file holds (an
+    // operator mid-edit): `delete` reads the bundle's record instead; the
+    // daemon loads the file itself and reports a failure to the `start`
+    // waiting on it.
     let result = match flags.action.as_str() {
-        "start" => config::Config::load()
-            .map_err(anyhow::Error::from)
-            .and_then(|c| daemon::start_action(&flags, &c)),
+        // Only the state root, read leniently: a daemon that runs keeps
+        // taking containers while its file is mid-edit.
+        "start" => daemon::start_action(&flags, &config::Config::state_root_lenient()),
         "delete" => daemon::delete_action(&flags),
         "daemon" => daemon::daemon_main(&flags),
         "" => Err(anyhow::anyhow!("no action given (start, delete)")),

@@ -61,6 +61,10 @@ pub(crate) struct HandshakeParams {
     pub request_timeout: Duration,
 }
 
+/// How long a launched plugin whose connection closed during its start may
+/// take to exit before it is reported without an exit status.
+pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(1);
+
 /// A launched plugin's identity, taken from its file name.
 pub(crate) struct LaunchedIdentity {
     pub idx: String,
@@ -87,6 +91,15 @@ pub enum HandshakeError {
         /// Why the connection closed, when the transport knows (garbage on
         /// the socket, an oversized frame, ...).
         reason: Option<String>,
+    },
+    /// A launched plugin's process died before it was ready (its
+    /// connection closed and the process exited).
+    #[error("plugin process exited during {during}: {status}")]
+    Exited {
+        /// The handshake step.
+        during: &'static str,
+        /// How it ended: `exit status N` or `killed by signal NAME`.
+        status: String,
     },
     /// Configure failed or returned an invalid event mask.
     #[error("configure failed: {0}")]
@@ -189,7 +202,7 @@ impl Plugin {
     /// (request timeout). The plugin is not synchronized yet.
     pub(crate) async fn handshake(
         stream: UnixStream,
-        launched: Option<LaunchedIdentity>,
+        mut launched: Option<LaunchedIdentity>,
         params: &HandshakeParams,
         host: Arc<dyn Host>,
         policy_for: impl Fn(&str, &str) -> FailurePolicy,
@@ -252,6 +265,14 @@ impl Plugin {
             None => {
                 fail(&mux);
                 let _ = server.shutdown().await;
+                if let Some(l) = launched.as_mut() {
+                    if let Some(status) = l.child.exit_status(EXIT_WAIT).await {
+                        return Err(HandshakeError::Exited {
+                            during: "registration",
+                            status: crate::launch::describe_exit(status),
+                        });
+                    }
+                }
                 return Err(HandshakeError::Closed {
                     during: "registration",
                     reason,

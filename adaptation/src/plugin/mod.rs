@@ -126,14 +126,29 @@ impl Plugin {
             NRI_version: nri_proto::NRI_VERSION.to_string(),
             ..Default::default()
         };
-        let rsp = self
-            .request("Configure", self.link.configure(&req))
-            .await
-            .map_err(|e| HandshakeError::Configure(e.to_string()))?;
+        let rsp = match self.request("Configure", self.link.configure(&req)).await {
+            Ok(rsp) => rsp,
+            Err(PluginError::Closed) => return Err(self.closed_during("configuration").await),
+            Err(e) => return Err(HandshakeError::Configure(e.to_string())),
+        };
         let mask = EventMask::from_configure(rsp.events).map_err(|e| HandshakeError::Configure(e.to_string()))?;
         self.events.store(mask.bits(), Ordering::SeqCst);
         tracing::info!(plugin = %self.name(), events = %mask, "plugin configured");
         Ok(())
+    }
+
+    /// Why the connection closed during `during`: a launched plugin's exit
+    /// status or signal when its process exited, else just the closure.
+    async fn closed_during(&self, during: &'static str) -> HandshakeError {
+        if let Some(child) = self.child.lock().await.as_mut() {
+            if let Some(status) = child.exit_status(handshake::EXIT_WAIT).await {
+                return HandshakeError::Exited {
+                    during,
+                    status: crate::launch::describe_exit(status),
+                };
+            }
+        }
+        HandshakeError::Closed { during, reason: None }
     }
 
     /// `IDX-NAME`.

@@ -1,0 +1,129 @@
+//! Reload without drain: on SIGHUP the daemon reads its config file again.
+//!
+//! An invalid file (an operator mid-edit) is logged, naming the file, line
+//! and key, and the running configuration stays in effect. A valid one is
+//! compared key by key with the running configuration ([`plan`]): what can
+//! change under running containers is applied at once, what cannot is
+//! logged as needing a restart of the daemon and keeps its old value.
+//!
+//! | key | on reload |
+//! |---|---|
+//! | `shim.log_level` | applied |
+//! | `shim.idle_timeout` | applied |
+//! | `nri.plugin_path`, `nri.plugin_config_path` | applied: pre-installed plugins follow the directory |
+//! | `nri.plugin_registration_timeout`, `nri.plugin_request_timeout`, `nri.failure_policy` | applied: pre-installed plugins are restarted with them; connected external plugins keep theirs until they reconnect |
+//! | `nri.default_validator` | applied from the next request |
+//! | `shim.state_root` | needs restart: task sockets and libcontainer state of running containers live there |
+//! | `nri.disable` | needs restart: running containers went through (or past) NRI |
+//! | `nri.socket_path`, `nri.disable_connections` | needs restart: connected external plugins would lose their socket |
+//!
+//! Every reload also compares the plugin directory with the launched
+//! plugins, as the directory watch ([`crate::plugin_watch`]) does.
+
+use crate::config::Config;
+
+/// How a new configuration differs from the running one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Changed keys (`table.key`) applied by the reload.
+    pub live: Vec<&'static str>,
+    /// Changed keys that keep their old value until the daemon restarts.
+    pub needs_restart: Vec<&'static str>,
+}
+
+/// Compares `new` with `running`, key by key (see the module table).
+pub fn plan(running: &Config, new: &Config) -> Plan {
+    let (r, n) = (running, new);
+    let mut p = Plan::default();
+    let mut diff = |changed: bool, key: &'static str, live: bool| {
+        if changed {
+            if live { &mut p.live } else { &mut p.needs_restart }.push(key);
+        }
+    };
+    diff(r.shim.state_root != n.shim.state_root, "shim.state_root", false);
+    diff(r.shim.idle_timeout != n.shim.idle_timeout, "shim.idle_timeout", true);
+    diff(r.shim.log_level != n.shim.log_level, "shim.log_level", true);
+    diff(r.nri.disable != n.nri.disable, "nri.disable", false);
+    diff(r.nri.socket_path != n.nri.socket_path, "nri.socket_path", false);
+    diff(
+        r.nri.disable_connections != n.nri.disable_connections,
+        "nri.disable_connections",
+        false,
+    );
+    diff(r.nri.plugin_path != n.nri.plugin_path, "nri.plugin_path", true);
+    diff(
+        r.nri.plugin_config_path != n.nri.plugin_config_path,
+        "nri.plugin_config_path",
+        true,
+    );
+    diff(
+        r.nri.plugin_registration_timeout != n.nri.plugin_registration_timeout,
+        "nri.plugin_registration_timeout",
+        true,
+    );
+    diff(
+        r.nri.plugin_request_timeout != n.nri.plugin_request_timeout,
+        "nri.plugin_request_timeout",
+        true,
+    );
+    diff(
+        r.nri.default_validator != n.nri.default_validator,
+        "nri.default_validator",
+        true,
+    );
+    diff(r.nri.failure_policy != n.nri.failure_policy, "nri.failure_policy", true);
+    p
+}
+
+/// `new` with the keys that need a restart set back to their running
+/// values: the configuration in effect after a reload.
+pub fn effective(running: &Config, new: &Config) -> Config {
+    let mut c = new.clone();
+    c.shim.state_root = running.shim.state_root.clone();
+    c.nri.disable = running.nri.disable;
+    c.nri.socket_path = running.nri.socket_path.clone();
+    c.nri.disable_connections = running.nri.disable_connections;
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{path::PathBuf, time::Duration};
+
+    use super::*;
+
+    #[test]
+    fn same_config_changes_nothing() {
+        let c = Config::default();
+        assert_eq!(plan(&c, &c.clone()), Plan::default());
+    }
+
+    #[test]
+    fn live_and_restart_keys_are_told_apart() {
+        let old = Config::default();
+        let mut new = old.clone();
+        new.shim.log_level = "debug".into();
+        new.shim.state_root = PathBuf::from("/run/elsewhere");
+        new.nri.plugin_request_timeout = Duration::from_secs(7);
+        new.nri.socket_path = PathBuf::from("/run/other.sock");
+        new.nri
+            .failure_policy
+            .insert("10-a".into(), nri_adaptation::FailurePolicy::Fail);
+        let p = plan(&old, &new);
+        assert_eq!(
+            p.live,
+            ["shim.log_level", "nri.plugin_request_timeout", "nri.failure_policy"]
+        );
+        assert_eq!(p.needs_restart, ["shim.state_root", "nri.socket_path"]);
+        let e = effective(&old, &new);
+        assert_eq!(
+            (e.shim.state_root.clone(), e.nri.socket_path.clone()),
+            (old.shim.state_root.clone(), old.nri.socket_path.clone())
+        );
+        assert_eq!(
+            (e.shim.log_level.as_str(), e.nri.plugin_request_timeout),
+            ("debug", Duration::from_secs(7))
+        );
+        assert_eq!(plan(&old, &e).needs_restart, Vec::<&str>::new());
+    }
+}
