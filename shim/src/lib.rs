@@ -7,6 +7,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`daemon`] | `start` / `delete` actions, the per-node daemon |
+//! | [`bootstrap`] | `start`'s stdin and reply for containerd 1.6, 1.7 and 2.x |
 //! | [`task`] | the containerd Task ttrpc service (v2 and v3 names) |
 //! | [`service`] | the task lifecycle, NRI event mapping, events in order |
 //! | [`runner`] | the seam to the container runtime; the helper-process runner |
@@ -20,11 +21,13 @@
 //! | [`record`] | what a task's bundle records for containerd's restart and for `delete` |
 //! | [`cleanup`] | `delete` without the daemon |
 //! | [`config`] | `/etc/nri-shim/config.toml` |
+//! | [`info`] | `-info`: the runtime features containerd 2.x asks for |
 //! | [`events`] | ordered publishing to containerd |
 
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod bootstrap;
 pub mod bundle;
 pub mod cgroups;
 pub mod cleanup;
@@ -33,6 +36,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod helper;
+pub mod info;
 pub mod io;
 pub mod layout;
 pub mod monitor;
@@ -52,13 +56,27 @@ pub fn main() {
     if argv.get(1).map(String::as_str) == Some(helper::HELPER_ARG) {
         helper::helper_main();
     }
-    let flags = match args::parse(argv.into_iter().skip(1)) {
+    let mut flags = match args::parse(argv.into_iter().skip(1)) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("containerd-shim-nri-shim-v2: {e} (-h for usage)");
             std::process::exit(2);
         }
     };
+    // containerd 2.3+ sends `start` its bootstrap parameters on stdin;
+    // they fill what the command line leaves out.
+    let params = if flags.action == "start" && !flags.info && !flags.help && !flags.version {
+        bootstrap::BootstrapParams::for_task(&bootstrap::read_stdin(), &flags)
+    } else {
+        None
+    };
+    if let Some(p) = &params {
+        p.fill(&mut flags);
+    }
+    if let Err(e) = flags.require() {
+        eprintln!("containerd-shim-nri-shim-v2: {e} (-h for usage)");
+        std::process::exit(2);
+    }
     if flags.version {
         println!("containerd-shim-nri-shim-v2 {}", env!("CARGO_PKG_VERSION"));
         return;
@@ -67,13 +85,20 @@ pub fn main() {
         print!("{}", args::USAGE);
         return;
     }
+    if flags.info {
+        if let Err(e) = info::info_action(std::io::stdin().lock(), std::io::stdout().lock()) {
+            eprintln!("containerd-shim-nri-shim-v2 -info: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     // `delete` must clean up whatever the config file holds (an operator
     // mid-edit): it reads the bundle's record instead; the daemon loads
     // the file itself and reports a failure to the `start` waiting on it.
     let result = match flags.action.as_str() {
         "start" => config::Config::load()
             .map_err(anyhow::Error::from)
-            .and_then(|c| daemon::start_action(&flags, &c)),
+            .and_then(|c| daemon::start_action(&flags, &c, params.as_ref())),
         "delete" => daemon::delete_action(&flags),
         "daemon" => daemon::daemon_main(&flags),
         "" => Err(anyhow::anyhow!("no action given (start, delete)")),
