@@ -21,3 +21,11 @@ nri_need_packages curl
 nri_containerd_versions
 
 cargo test --workspace --locked
+# The containerd tests and the CRI lane again on each containerd line
+# unpacked above (the workspace run used the system's 1.6); the
+# integration tests pick the line from NRI_CONTAINERD.
+for entry in "${NRI_CONTAINERD_LINES[@]}"; do
+    line=${entry%% *}
+    echo "== containerd $line: integration tests containerd and cri" >&2
+    NRI_CONTAINERD=$line cargo test --locked -p integration --test containerd --test cri
+done
