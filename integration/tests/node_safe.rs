@@ -6,7 +6,7 @@
 
 use std::{
     io::BufRead as _,
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
