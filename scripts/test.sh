@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
+. scripts/lib/containerd-versions.sh
 
 # containerd and busybox-static: the end-to-end tests run a real containerd
 # with busybox containers; libseccomp-dev: libcontainer links libseccomp.
@@ -14,5 +15,17 @@ nri_need_packages pkg-config libseccomp-dev containerd busybox-static
 # protobuf-compiler: the k8s-cri crate's build runs `protoc`.
 # iptables: the CNI portmap plugin's hostPort rules.
 nri_need_packages runc containernetworking-plugins iproute2 protobuf-compiler iptables
+# The CRI lane also runs on containerd 1.7 and 2.1, unpacked privately under
+# /var/cache/nri-shim (curl fetches them).
+nri_need_packages curl
+nri_containerd_versions
 
 cargo test --workspace --locked
+# The containerd tests and the CRI lane again on each containerd line
+# unpacked above (the workspace run used the system's 1.6); the
+# integration tests pick the line from NRI_CONTAINERD.
+for entry in "${NRI_CONTAINERD_LINES[@]}"; do
+    line=${entry%% *}
+    echo "== containerd $line: integration tests containerd and cri" >&2
+    NRI_CONTAINERD=$line cargo test --locked -p integration --test containerd --test cri
+done

@@ -28,6 +28,67 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p
 }
 
+/// The containerd line the tests run against: `$NRI_CONTAINERD`, `1.6` (the
+/// system's `/usr/bin/containerd`, Debian 12) when unset; any other line
+/// (`1.7`, `2.1`) is Debian's package unpacked privately by
+/// `scripts/lib/containerd-versions.sh` under `$NRI_CONTAINERD_CACHE`
+/// (default `/var/cache/nri-shim`), never installed.
+pub fn containerd_line() -> String {
+    std::env::var("NRI_CONTAINERD")
+        .ok()
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(|| "1.6".into())
+}
+
+/// The major version of [`containerd_line`] (1 or 2).
+pub fn containerd_major() -> u32 {
+    let line = containerd_line();
+    line.split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("NRI_CONTAINERD={line}: not a containerd line like 1.7 or 2.1"))
+}
+
+/// The directory of the containerd binaries under test (`containerd`,
+/// `ctr`, `containerd-shim-runc-v2`): `None` for the system's (found on
+/// PATH).
+///
+/// # Panics
+/// When the line asked for is not unpacked (run scripts/test.sh).
+pub fn containerd_bin_dir() -> Option<PathBuf> {
+    let line = containerd_line();
+    if line == "1.6" {
+        return None;
+    }
+    let cache = std::env::var("NRI_CONTAINERD_CACHE").unwrap_or_else(|_| "/var/cache/nri-shim".into());
+    let dir = Path::new(&cache).join(format!("containerd-{line}/usr/bin"));
+    assert!(
+        dir.join("containerd").exists() && dir.join("ctr").exists(),
+        "NRI_CONTAINERD={line}: {} has no containerd: scripts/test.sh unpacks it \
+         (`. scripts/lib/containerd-versions.sh; nri_containerd_versions`)",
+        dir.display()
+    );
+    Some(dir)
+}
+
+/// A binary of the containerd under test (`containerd`, `ctr`, ...).
+pub fn containerd_cmd(name: &str) -> Command {
+    match containerd_bin_dir() {
+        Some(d) => Command::new(d.join(name)),
+        None => Command::new(name),
+    }
+}
+
+/// TOML for containerd's config (version 2, which 2.x migrates): its own
+/// NRI off on 2.x (on by default there, on the node's `/var/run/nri`).
+pub fn containerd_nri_off() -> &'static str {
+    if containerd_major() >= 2 {
+        "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n"
+    } else {
+        ""
+    }
+}
+
 /// Fails loudly, naming the Debian package, when `cmd` is not installed.
 pub(crate) fn require(cmd: &str, package: &str) {
     let ok = Command::new("sh")
@@ -95,8 +156,10 @@ impl Containerd {
     /// Starts containerd with the shim (`containerd-shim-nri-shim-v2` of
     /// this workspace) on its PATH and waits until it answers.
     pub fn start(setup: Setup<'_>) -> Containerd {
-        require("containerd", "containerd");
-        require("ctr", "containerd");
+        if containerd_bin_dir().is_none() {
+            require("containerd", "containerd");
+            require("ctr", "containerd");
+        }
         let dir = tempfile::Builder::new().prefix("nri-ctrd-").tempdir().unwrap();
         let t = dir.path();
         let bin = t.join("bin");
@@ -133,9 +196,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   level = "debug"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{t}/opt"
-"#,
+{nri_off}"#,
                 t = t.display(),
-                sock = sock.display()
+                sock = sock.display(),
+                nri_off = containerd_nri_off(),
             ),
         )
         .unwrap();
@@ -183,20 +247,22 @@ log_level = "debug"
 
 /// Starts (or starts again) the containerd of `dir`: same config, root,
 /// state and environment; its log is appended to.
-/// Starts containerd with `t/config.toml`, `t/bin` first on its PATH (the
-/// shim), the shim config `t/shim.toml`, logging to `t/containerd.log`.
+/// Starts containerd ([`containerd_line`]) with `t/config.toml`, `t/bin`
+/// first on its PATH (the shim), then the directory of the containerd under
+/// test (its runc shim), the shim config `t/shim.toml`, logging to
+/// `t/containerd.log`.
 pub(crate) fn spawn_containerd(t: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(t.join("containerd.log"))
         .unwrap();
-    let path = format!(
-        "{}:{}",
-        t.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    Command::new("containerd")
+    let mut path = t.join("bin").display().to_string();
+    if let Some(d) = containerd_bin_dir() {
+        path = format!("{path}:{}", d.display());
+    }
+    let path = format!("{path}:{}", std::env::var("PATH").unwrap_or_default());
+    containerd_cmd("containerd")
         .arg("--config")
         .arg(t.join("config.toml"))
         .current_dir(t)
@@ -284,7 +350,7 @@ impl Containerd {
 
     /// Starts `ctr events`: every event containerd publishes from now on.
     pub fn events(&self) -> Events {
-        let mut child = Command::new("ctr")
+        let mut child = containerd_cmd("ctr")
             .arg("-a")
             .arg(&self.sock)
             .arg("events")
@@ -312,7 +378,7 @@ impl Containerd {
 
     /// `ctr -a <sock> args...`.
     pub fn ctr(&self, args: &[&str]) -> Output {
-        Command::new("ctr")
+        containerd_cmd("ctr")
             .arg("-a")
             .arg(&self.sock)
             .args(args)

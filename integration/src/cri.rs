@@ -32,7 +32,9 @@ use api::{image_service_client::ImageServiceClient, runtime_service_client::Runt
 pub use k8s_cri::v1 as api;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::containerd::{busybox_rootfs, require, spawn_containerd, workspace_bin};
+use crate::containerd::{
+    busybox_rootfs, containerd_bin_dir, containerd_cmd, containerd_nri_off, require, spawn_containerd, workspace_bin,
+};
 
 /// The runtime handlers every behaviour runs with: the reference first.
 pub const HANDLERS: [&str; 2] = ["runc", "nri-shim"];
@@ -194,10 +196,12 @@ impl Cri {
     /// Builds and imports the images, writes the configs and starts
     /// containerd; waits until CRI answers and sees both images.
     pub fn start(setup: CriSetup<'_>) -> Cri {
-        require("containerd", "containerd");
-        require("ctr", "containerd");
+        if containerd_bin_dir().is_none() {
+            require("containerd", "containerd");
+            require("ctr", "containerd");
+            require("containerd-shim-runc-v2", "containerd");
+        }
         require("runc", "runc");
-        require("containerd-shim-runc-v2", "containerd");
         require("ip", "iproute2");
         for p in ["bridge", "host-local", "loopback", "portmap"] {
             require_file(&format!("/usr/lib/cni/{p}"), "containernetworking-plugins");
@@ -280,10 +284,11 @@ state = "{t}/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
-"#,
+{nri_off}"#,
                 t = t.display(),
                 sock = sock.display(),
                 cni_conf = cni_conf.display(),
+                nri_off = containerd_nri_off(),
             ),
         )
         .unwrap();
@@ -385,7 +390,7 @@ log_level = "debug"
 
     /// `ctr -a <sock> args...`.
     pub fn ctr(&self, args: &[&str]) -> Output {
-        Command::new("ctr")
+        containerd_cmd("ctr")
             .arg("-a")
             .arg(&self.sock)
             .args(args)

@@ -1,4 +1,5 @@
-//! The CRI lane on Debian 12's containerd 1.6: containerd's CRI plugin,
+//! The CRI lane on Debian's containerd (1.6, the system's, or the line
+//! `NRI_CONTAINERD` names, see `integration::containerd::containerd_line`): containerd's CRI plugin,
 //! driven through a CRI v1 gRPC client as kubelet would, with two runtime
 //! handlers on one containerd. Every behaviour runs with `runc` (the
 //! reference) and `nri-shim` on the same input; the result with nri-shim
@@ -781,6 +782,51 @@ async fn nri_adjustment_is_visible_with_nri_shim_only() {
         format!("{want}\n"),
         "nri-shim: an exec lacks the adjuster's env var"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Runtime handler features (`<shim> -info`)
+
+/// Issue 9 item 5, as far as a released containerd shows it: CRI reports
+/// each handler's features in `Status`. containerd 1.x reports no
+/// handlers. containerd 2.0 to 2.3 ask `-info` only of handlers whose
+/// `runtime_type` is `io.containerd.runc.v2`: runc's handler gets its
+/// features (recursive read-only mounts on; user namespaces off, runc 1.1
+/// having no idmapped mounts), nri-shim's none, whatever the shim answers
+/// (a limitation of containerd: its CRI code refuses to introspect other
+/// runtime types). The shim's `-info` itself is tested in
+/// `shim/tests/info.rs`. Pinned so that a containerd that asks shows here.
+#[tokio::test]
+async fn runtime_handler_features() {
+    let cri = shared();
+    let mut c = cri.client().await;
+    let st =
+        c.rt.status(api::StatusRequest { verbose: false })
+            .await
+            .expect("CRI Status")
+            .into_inner();
+    let handler = |name: &str| {
+        st.runtime_handlers
+            .iter()
+            .find(|h| h.name == name)
+            .map(|h| format!("{:?}", h.features))
+    };
+    let (runc, nri) = (handler("runc"), handler("nri-shim"));
+    println!("runtime handler features\n  runc:     {runc:?}\n  nri-shim: {nri:?}");
+    if integration::containerd::containerd_major() >= 2 {
+        assert_eq!(
+            runc.as_deref(),
+            Some("Some(RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: false })"),
+            "runc's features on containerd 2.x"
+        );
+        assert_eq!(
+            nri.as_deref(),
+            Some("None"),
+            "nri-shim's features: containerd now introspects other runtime types (compare with runc's)"
+        );
+    } else {
+        assert_eq!((runc, nri), (None, None), "containerd 1.x reports no runtime handlers");
+    }
 }
 
 // ---------------------------------------------------------------------------

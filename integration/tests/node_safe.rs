@@ -6,7 +6,7 @@
 
 use std::{
     io::BufRead as _,
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -82,7 +82,7 @@ fn gone(pid: i32) -> bool {
 
 /// Lines `ctr t attach` gets from a running task within `window`.
 fn attach_lines(c: &Containerd, ns: &str, id: &str, window: Duration) -> Vec<String> {
-    let mut child = Command::new("ctr")
+    let mut child = integration::containerd::containerd_cmd("ctr")
         .arg("-a")
         .arg(&c.sock)
         .args(["-n", ns, "t", "attach", id])
@@ -324,7 +324,7 @@ fn daemon_kill9_trials_leave_nothing_behind() {
         let creating = (trial % 3 == 2).then(|| {
             let fifo = c.dir.path().join("fifo").display().to_string();
             let rootfs = c.rootfs.display().to_string();
-            let child = Command::new("ctr")
+            let child = integration::containerd::containerd_cmd("ctr")
                 .arg("-a")
                 .arg(&c.sock)
                 .args([

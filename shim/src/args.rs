@@ -22,6 +22,8 @@ pub struct Flags {
     pub version: bool,
     /// `-h`: print the usage.
     pub help: bool,
+    /// `-info`: print the runtime info protobuf (see [`crate::info`]).
+    pub info: bool,
     /// `start`, `delete`, or the internal `daemon`.
     pub action: String,
 }
@@ -54,6 +56,7 @@ pub enum ArgsError {
 pub const USAGE: &str = "\
 usage: containerd-shim-nri-shim-v2 -namespace NS -address CONTAINERD_SOCKET -id ID [-bundle DIR] [-publish-binary BIN] [-debug] start|delete
        containerd-shim-nri-shim-v2 -v
+       containerd-shim-nri-shim-v2 -info < RUNTIME_OPTIONS
 
 A containerd shim v2 (runtime type io.containerd.nri-shim.v2) that passes
 every container through NRI plugins and runs it with libcontainer.
@@ -61,12 +64,15 @@ containerd runs it; it is not meant to be run by hand.
 
   start    print the task address, starting the node's shim daemon if needed
   delete   clean up after a task whose shim is gone; prints its exit status
+  -info    print the runtime's features (a containerd RuntimeInfo protobuf)
 
 Configuration: $NRI_SHIM_CONFIG, else /etc/nri-shim/config.toml.
 ";
 
 /// Parses `args` (without argv\[0\]). Flags take one or two dashes and
 /// `-flag value` or `-flag=value`; the first non-flag is the action.
+/// Whether the action has what it needs is [`Flags::require`]'s to say
+/// (`start` may get the rest from containerd's bootstrap parameters).
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, ArgsError> {
     let mut f = Flags::default();
     let mut it = args.into_iter();
@@ -86,6 +92,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, ArgsError
             "debug" => f.debug = inline.as_deref() != Some("false"),
             "v" | "version" => f.version = true,
             "h" | "help" => f.help = true,
+            "info" => f.info = inline.as_deref() != Some("false"),
             "namespace" | "address" | "publish-binary" | "id" | "bundle" | "socket" => {
                 let value = match inline {
                     Some(v) => v,
@@ -103,17 +110,35 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, ArgsError
             _ => return Err(ArgsError::UnknownFlag(a)),
         }
     }
-    let action = match f.action.as_str() {
-        "start" => "start",
-        "delete" => "delete",
-        _ => return Ok(f),
-    };
-    for (flag, value) in [("namespace", &f.namespace), ("address", &f.address), ("id", &f.id)] {
-        if value.is_empty() && !f.help && !f.version {
-            return Err(ArgsError::Missing { action, flag });
-        }
-    }
     Ok(f)
+}
+
+impl Flags {
+    /// Checks that `start` and `delete` have the flags containerd always
+    /// passes (`-v`, `-h` and `-info` need none).
+    ///
+    /// # Errors
+    /// [`ArgsError::Missing`] naming the first one missing.
+    pub fn require(&self) -> Result<(), ArgsError> {
+        let action = match self.action.as_str() {
+            "start" => "start",
+            "delete" => "delete",
+            _ => return Ok(()),
+        };
+        if self.help || self.version || self.info {
+            return Ok(());
+        }
+        for (flag, value) in [
+            ("namespace", &self.namespace),
+            ("address", &self.address),
+            ("id", &self.id),
+        ] {
+            if value.is_empty() {
+                return Err(ArgsError::Missing { action, flag });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -121,7 +146,9 @@ mod tests {
     use super::*;
 
     fn p(s: &str) -> Result<Flags, ArgsError> {
-        parse(s.split_whitespace().map(str::to_string))
+        let f = parse(s.split_whitespace().map(str::to_string))?;
+        f.require()?;
+        Ok(f)
     }
 
     #[test]
@@ -173,6 +200,8 @@ mod tests {
             }
         );
         assert!(p("-v").unwrap().version);
+        assert!(p("-info").unwrap().info && p("--info").unwrap().info);
+        assert!(!p("-info=false").unwrap().info);
         assert!(p("--help").unwrap().help && p("-h").unwrap().help);
     }
 }

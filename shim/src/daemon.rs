@@ -21,6 +21,7 @@ use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _
 
 use crate::{
     args::Flags,
+    bootstrap::BootstrapParams,
     bundle::EXIT_STATUS_FILE,
     config::Config,
     events::RemotePublisher,
@@ -45,7 +46,9 @@ fn answers(sock: &Path) -> bool {
 }
 
 /// `start`: prints only the task address (containerd reads stdout and
-/// stderr together as the address), starting the daemon unless it runs,
+/// stderr together as the address; for containerd 2.x the bootstrap
+/// result naming task API v3, see [`crate::bootstrap`]), starting the
+/// daemon unless it runs,
 /// and leaves the bundle's records (see [`crate::record`]): containerd's
 /// `address` file, read on its restart to reconnect, and the shim's own
 /// record, read by `delete`.
@@ -62,7 +65,7 @@ fn answers(sock: &Path) -> bool {
 /// # Errors
 /// When the daemon cannot be started, reports a failure, or does not come
 /// up within 10 s; when the bundle records cannot be written.
-pub fn start_action(flags: &Flags, state_root: &Path) -> anyhow::Result<()> {
+pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapParams>) -> anyhow::Result<()> {
     let dir = state_root.join(short_hash(&flags.address));
     let sock = crate::layout::task_socket(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
@@ -72,7 +75,7 @@ pub fn start_action(flags: &Flags, state_root: &Path) -> anyhow::Result<()> {
     // activity and stays for the client that follows.
     let starting = start_lock(&dir)?;
     if !answers(&sock) {
-        let (child, ready) = spawn_daemon(flags, &dir)?;
+        let (child, ready) = spawn_daemon(flags, &dir, params.and_then(BootstrapParams::ttrpc_address))?;
         wait_ready(child, ready, &dir)?;
     }
     drop(starting);
@@ -85,12 +88,15 @@ pub fn start_action(flags: &Flags, state_root: &Path) -> anyhow::Result<()> {
         version: crate::record::RECORD_VERSION,
         namespace: flags.namespace.clone(),
         id: flags.id.clone(),
-        daemon_dir: dir,
+        daemon_dir: dir.clone(),
     }
     .write(&bundle)?;
     crate::record::write_address(&bundle, &address)?;
+    let reply = crate::bootstrap::reply(params, || {
+        crate::bootstrap::containerd_major(&flags.publish_binary, &dir)
+    });
     let mut out = std::io::stdout();
-    write!(out, "{address}")?;
+    out.write_all(&crate::bootstrap::render(&address, reply))?;
     out.flush()?;
     Ok(())
 }
@@ -112,7 +118,13 @@ const READY_FD_ENV: &str = "NRI_SHIM_READY_FD";
 /// The fd number the startup pipe has in the daemon.
 const READY_FD: i32 = 3;
 
-fn spawn_daemon(flags: &Flags, dir: &Path) -> anyhow::Result<(std::process::Child, std::fs::File)> {
+/// Spawns the daemon; `ttrpc_address` (from the bootstrap parameters)
+/// overrides the `TTRPC_ADDRESS` it would inherit.
+fn spawn_daemon(
+    flags: &Flags,
+    dir: &Path,
+    ttrpc_address: Option<&str>,
+) -> anyhow::Result<(std::process::Child, std::fs::File)> {
     let exe = std::env::current_exe().context("own executable")?;
     let log_path = dir.join("shim.log");
     let log = std::fs::OpenOptions::new()
@@ -131,6 +143,9 @@ fn spawn_daemon(flags: &Flags, dir: &Path) -> anyhow::Result<(std::process::Chil
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
+    if let Some(a) = ttrpc_address {
+        cmd.env("TTRPC_ADDRESS", a);
+    }
     // SAFETY: setsid, dup2 and fcntl are async-signal-safe. setsid
     // detaches the daemon from containerd's process group and session; the
     // pipe's write end becomes fd 3 without close-on-exec.

@@ -69,11 +69,22 @@ impl ShimError {
     }
 }
 
+/// What Go's errdefs appends to a not-found error's text, as runc's shim
+/// sends it (`process already finished: not found`).
+const NOT_FOUND_SUFFIX: &str = ": not found";
+
 impl From<ShimError> for ttrpc::Error {
     /// The status message is the whole [`chain`]: containerd shows it as
     /// is, and the root cause (path, errno, plugin) is usually the last link.
+    /// A not-found message ends in `: not found`, as runc's shim's do:
+    /// containerd 1.x strips and re-adds that suffix, 2.x shows the text as
+    /// sent, so `ctr` says "not found" on both, as with runc.
     fn from(e: ShimError) -> Self {
-        ttrpc::Error::RpcStatus(ttrpc::get_status(e.code(), chain(&e)))
+        let mut message = chain(&e);
+        if e.code() == Code::NOT_FOUND && !message.ends_with(NOT_FOUND_SUFFIX) {
+            message.push_str(NOT_FOUND_SUFFIX);
+        }
+        ttrpc::Error::RpcStatus(ttrpc::get_status(e.code(), message))
     }
 }
 
@@ -129,7 +140,11 @@ mod tests {
             match ttrpc::Error::from(e) {
                 ttrpc::Error::RpcStatus(s) => {
                     assert_eq!(s.code(), code, "{text}");
-                    assert_eq!(s.message(), text);
+                    if code == Code::NOT_FOUND {
+                        assert_eq!(s.message(), format!("{text}: not found"));
+                    } else {
+                        assert_eq!(s.message(), text);
+                    }
                 }
                 other => panic!("not a status: {other:?}"),
             }

@@ -7,6 +7,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`daemon`] | `start` / `delete` actions, the per-node daemon |
+//! | [`bootstrap`] | `start`'s stdin and reply for containerd 1.6, 1.7 and 2.x |
 //! | [`task`] | the containerd Task ttrpc service (v2 and v3 names) |
 //! | [`service`] | the task lifecycle, NRI event mapping, events in order |
 //! | [`runner`] | the seam to the container runtime; the helper-process runner |
@@ -22,6 +23,7 @@
 //! | [`record`] | what a task's bundle records for containerd's restart and for `delete` |
 //! | [`cleanup`] | `delete` without the daemon |
 //! | [`config`] | `/etc/nri-shim/config.toml` |
+//! | [`info`] | `-info`: the runtime features containerd 2.x asks for |
 //! | [`metrics`] | the optional Prometheus/OpenMetrics endpoint |
 //! | [`plugin_watch`] | plugins added to or removed from `plugin_path`, without a signal |
 //! | [`reload`] | SIGHUP: what a new config changes in a running daemon |
@@ -30,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod bootstrap;
 pub mod bundle;
 pub mod cdi;
 pub mod cgroups;
@@ -40,6 +43,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod helper;
+pub mod info;
 pub mod io;
 pub mod layout;
 pub mod metrics;
@@ -62,19 +66,40 @@ pub fn main() {
     if argv.get(1).map(String::as_str) == Some(helper::HELPER_ARG) {
         helper::helper_main();
     }
-    let flags = match args::parse(argv.into_iter().skip(1)) {
+    let mut flags = match args::parse(argv.into_iter().skip(1)) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("containerd-shim-nri-shim-v2: {e} (-h for usage)");
             std::process::exit(2);
         }
     };
+    // containerd 2.3+ sends `start` its bootstrap parameters on stdin;
+    // they fill what the command line leaves out.
+    let params = if flags.action == "start" && !flags.info && !flags.help && !flags.version {
+        bootstrap::BootstrapParams::for_task(&bootstrap::read_stdin(), &flags)
+    } else {
+        None
+    };
+    if let Some(p) = &params {
+        p.fill(&mut flags);
+    }
+    if let Err(e) = flags.require() {
+        eprintln!("containerd-shim-nri-shim-v2: {e} (-h for usage)");
+        std::process::exit(2);
+    }
     if flags.version {
         println!("containerd-shim-nri-shim-v2 {}", env!("CARGO_PKG_VERSION"));
         return;
     }
     if flags.help {
         print!("{}", args::USAGE);
+        return;
+    }
+    if flags.info {
+        if let Err(e) = info::info_action(std::io::stdin().lock(), std::io::stdout().lock()) {
+            eprintln!("containerd-shim-nri-shim-v2 -info: {e:#}");
+            std::process::exit(1);
+        }
         return;
     }
     // `start` and `delete` must work whatever the config file holds (an
@@ -84,7 +109,7 @@ pub fn main() {
     let result = match flags.action.as_str() {
         // Only the state root, read leniently: a daemon that runs keeps
         // taking containers while its file is mid-edit.
-        "start" => daemon::start_action(&flags, &config::Config::state_root_lenient()),
+        "start" => daemon::start_action(&flags, &config::Config::state_root_lenient(), params.as_ref()),
         "delete" => daemon::delete_action(&flags),
         "daemon" => daemon::daemon_main(&flags),
         "" => Err(anyhow::anyhow!("no action given (start, delete)")),

@@ -801,3 +801,54 @@ async fn cgroup_v1_mount_is_read_only_as_with_runc() {
         "the container changed its memory limit: {out}"
     );
 }
+
+/// Item 5 (`-info` lists `rro`): a bind mount with the recursive read-only
+/// option `rro` (CRI's `recursiveReadOnly: Enabled` volume) is read-only
+/// in its submounts too, as with runc; with plain `ro` the submount stays
+/// writable under both runtimes (the probe tells the two apart).
+#[tokio::test(flavor = "current_thread")]
+async fn recursive_read_only_bind_matches_runc() {
+    let _serial = SERIAL.lock().await;
+    let shared = SharedDir::new();
+    shared.mount_here("from-host");
+    let probe = [
+        "/bin/sh",
+        "-c",
+        "for d in /mnt/h /mnt/h/from-host; do if touch $d/w 2>/dev/null; then echo \"$d writable\"; else echo \"$d read-only\"; fi; done",
+    ];
+    let shim = Shim::new();
+    let runc = Runc::new();
+    let mut results = Vec::new();
+    for option in ["rro", "ro"] {
+        let mut s = spec(&format!("rro-{option}"), &probe);
+        s["mounts"].as_array_mut().unwrap().push(json!({
+            "destination": "/mnt/h", "type": "bind", "source": shared.dir,
+            "options": ["rbind", option]
+        }));
+        let name = format!("rro-{option}");
+        let reference = runc.run_foreground(&name, &s);
+        assert!(reference.ok, "runc run {name}: {}", reference.stderr);
+        let _ = std::fs::remove_file(shared.dir.join("w"));
+        let _ = std::fs::remove_file(shared.dir.join("from-host/w"));
+        shim.run(&name, &s).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        tokio::time::timeout(Duration::from_secs(10), shim.service.wait("test", &name, ""))
+            .await
+            .expect("container ends within 10 s")
+            .unwrap();
+        let out = shim.output(&name);
+        shim.remove(&name).await;
+        println!("{option}\n  runc:     {:?}\n  nri-shim: {out:?}", reference.stdout);
+        results.push((option, reference.stdout, out));
+    }
+    shared.clear();
+    let (_, rro_runc, _) = &results[0];
+    assert_eq!(
+        rro_runc, "/mnt/h read-only\n/mnt/h/from-host read-only\n",
+        "runc with rro"
+    );
+    let (_, ro_runc, _) = &results[1];
+    assert_eq!(ro_runc, "/mnt/h read-only\n/mnt/h/from-host writable\n", "runc with ro");
+    for (option, runc, ours) in &results {
+        assert_eq!(ours, runc, "nri-shim vs runc with {option}");
+    }
+}
