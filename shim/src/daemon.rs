@@ -69,6 +69,13 @@ pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapP
     let dir = state_root.join(short_hash(&flags.address));
     let sock = crate::layout::task_socket(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // Before the daemon is spawned or probed: the first detection runs the
+    // containerd binary, and a daemon that exists (or was just spawned)
+    // counts its idle time from then on, so the reply must be ready when
+    // containerd is told to dial.
+    let reply = crate::bootstrap::reply(params, || {
+        crate::bootstrap::containerd_major(&flags.publish_binary, &dir)
+    });
     // One starter at a time, and never while the daemon decides to exit on
     // idle (it takes the same lock for its last check and the removal of
     // its socket): a daemon that answers the probe here has accepted it as
@@ -92,9 +99,6 @@ pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapP
     }
     .write(&bundle)?;
     crate::record::write_address(&bundle, &address)?;
-    let reply = crate::bootstrap::reply(params, || {
-        crate::bootstrap::containerd_major(&flags.publish_binary, &dir)
-    });
     let mut out = std::io::stdout();
     out.write_all(&crate::bootstrap::render(&address, reply))?;
     out.flush()?;
