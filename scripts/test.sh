@@ -20,12 +20,12 @@ nri_need_packages runc containernetworking-plugins iproute2 protobuf-compiler ip
 nri_need_packages curl
 nri_containerd_versions
 
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
 # The containerd tests and the CRI lane again on each containerd line
 # unpacked above (the workspace run used the system's 1.6); the
 # integration tests pick the line from NRI_CONTAINERD.
 for entry in "${NRI_CONTAINERD_LINES[@]}"; do
     line=${entry%% *}
     echo "== containerd $line: integration tests containerd and cri" >&2
-    NRI_CONTAINERD=$line cargo test --locked -p integration --test containerd --test cri
+    NRI_CONTAINERD=$line cargo test --locked --no-fail-fast -p integration --test containerd --test cri
 done

@@ -144,10 +144,14 @@ impl EventLog {
         &self.path
     }
 
-    /// Every line so far.
+    /// Every complete line so far. A last line without its newline is
+    /// one the plugin is still writing (a large one, such as a Synchronize
+    /// with thousands of containers, takes several writes): it is left for
+    /// the next read instead of failing to parse.
     pub fn lines(&self) -> Vec<LogLine> {
-        std::fs::read_to_string(&self.path)
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
             .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| serde_json::from_str(l).expect("log line JSON"))
