@@ -250,7 +250,7 @@ impl Default for ShimConfig {
 }
 
 /// The `[cdi]` table: where CDI spec files are (see [`crate::cdi`]).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CdiConfig {
     /// Spec directories, lowest priority first (absolute paths).
@@ -266,7 +266,7 @@ impl Default for CdiConfig {
 }
 
 /// The `[metrics]` table (see [`crate::metrics`]).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
     /// `host:port` to serve `GET /metrics` on, e.g. `"127.0.0.1:9464"`;

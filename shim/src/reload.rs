@@ -16,11 +16,12 @@
 //! | `shim.state_root` | needs restart: task sockets and libcontainer state of running containers live there |
 //! | `nri.disable` | needs restart: running containers went through (or past) NRI |
 //! | `nri.socket_path`, `nri.disable_connections` | needs restart: connected external plugins would lose their socket |
+//! | `cdi.spec_dirs`, `metrics.address` | needs restart: the CDI registry and the metrics listener are set up at start |
 //!
 //! Every reload also compares the plugin directory with the launched
 //! plugins, as the directory watch ([`crate::plugin_watch`]) does.
 
-use crate::config::Config;
+use crate::config::{CdiConfig, Config, MetricsConfig, NriConfig, ShimConfig};
 
 /// How a new configuration differs from the running one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,45 +34,58 @@ pub struct Plan {
 
 /// Compares `new` with `running`, key by key (see the module table).
 pub fn plan(running: &Config, new: &Config) -> Plan {
-    let (r, n) = (running, new);
     let mut p = Plan::default();
-    let mut diff = |changed: bool, key: &'static str, live: bool| {
-        if changed {
-            if live { &mut p.live } else { &mut p.needs_restart }.push(key);
-        }
-    };
-    diff(r.shim.state_root != n.shim.state_root, "shim.state_root", false);
-    diff(r.shim.idle_timeout != n.shim.idle_timeout, "shim.idle_timeout", true);
-    diff(r.shim.log_level != n.shim.log_level, "shim.log_level", true);
-    diff(r.nri.disable != n.nri.disable, "nri.disable", false);
-    diff(r.nri.socket_path != n.nri.socket_path, "nri.socket_path", false);
-    diff(
-        r.nri.disable_connections != n.nri.disable_connections,
-        "nri.disable_connections",
-        false,
-    );
-    diff(r.nri.plugin_path != n.nri.plugin_path, "nri.plugin_path", true);
-    diff(
-        r.nri.plugin_config_path != n.nri.plugin_config_path,
-        "nri.plugin_config_path",
-        true,
-    );
-    diff(
-        r.nri.plugin_registration_timeout != n.nri.plugin_registration_timeout,
-        "nri.plugin_registration_timeout",
-        true,
-    );
-    diff(
-        r.nri.plugin_request_timeout != n.nri.plugin_request_timeout,
-        "nri.plugin_request_timeout",
-        true,
-    );
-    diff(
-        r.nri.default_validator != n.nri.default_validator,
-        "nri.default_validator",
-        true,
-    );
-    diff(r.nri.failure_policy != n.nri.failure_policy, "nri.failure_policy", true);
+    // `new` taken apart whole: a key added to the config does not compile
+    // (an unused binding) until it is sorted into live or needs-restart.
+    let Config {
+        shim: ShimConfig {
+            state_root,
+            idle_timeout,
+            log_level,
+        },
+        nri:
+            NriConfig {
+                disable,
+                socket_path,
+                plugin_path,
+                plugin_config_path,
+                plugin_registration_timeout,
+                plugin_request_timeout,
+                disable_connections,
+                default_validator,
+                failure_policy,
+            },
+        cdi: CdiConfig { spec_dirs },
+        metrics: MetricsConfig { address },
+    } = new;
+    macro_rules! key {
+        ($table:ident . $key:ident, $live:expr) => {
+            if running.$table.$key != *$key {
+                if $live { &mut p.live } else { &mut p.needs_restart }.push(concat!(
+                    stringify!($table),
+                    ".",
+                    stringify!($key)
+                ));
+            }
+        };
+    }
+    const LIVE: bool = true;
+    const RESTART: bool = false;
+    key!(shim.state_root, RESTART);
+    key!(shim.idle_timeout, LIVE);
+    key!(shim.log_level, LIVE);
+    key!(nri.disable, RESTART);
+    key!(nri.socket_path, RESTART);
+    key!(nri.disable_connections, RESTART);
+    key!(nri.plugin_path, LIVE);
+    key!(nri.plugin_config_path, LIVE);
+    key!(nri.plugin_registration_timeout, LIVE);
+    key!(nri.plugin_request_timeout, LIVE);
+    key!(nri.default_validator, LIVE);
+    key!(nri.failure_policy, LIVE);
+    // The CDI registry and the metrics listener are set up once, at start.
+    key!(cdi.spec_dirs, RESTART);
+    key!(metrics.address, RESTART);
     p
 }
 
@@ -83,6 +97,8 @@ pub fn effective(running: &Config, new: &Config) -> Config {
     c.nri.disable = running.nri.disable;
     c.nri.socket_path = running.nri.socket_path.clone();
     c.nri.disable_connections = running.nri.disable_connections;
+    c.cdi = running.cdi.clone();
+    c.metrics = running.metrics.clone();
     c
 }
 
@@ -106,6 +122,8 @@ mod tests {
         new.shim.state_root = PathBuf::from("/run/elsewhere");
         new.nri.plugin_request_timeout = Duration::from_secs(7);
         new.nri.socket_path = PathBuf::from("/run/other.sock");
+        new.cdi.spec_dirs = vec![PathBuf::from("/run/my-cdi")];
+        new.metrics.address = Some("127.0.0.1:9464".parse().unwrap());
         new.nri
             .failure_policy
             .insert("10-a".into(), nri_adaptation::FailurePolicy::Fail);
@@ -114,7 +132,10 @@ mod tests {
             p.live,
             ["shim.log_level", "nri.plugin_request_timeout", "nri.failure_policy"]
         );
-        assert_eq!(p.needs_restart, ["shim.state_root", "nri.socket_path"]);
+        assert_eq!(
+            p.needs_restart,
+            ["shim.state_root", "nri.socket_path", "cdi.spec_dirs", "metrics.address"]
+        );
         let e = effective(&old, &new);
         assert_eq!(
             (e.shim.state_root.clone(), e.nri.socket_path.clone()),
