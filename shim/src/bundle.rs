@@ -15,6 +15,17 @@ use crate::error::{Result, ShimError};
 /// the daemon is gone).
 pub const EXIT_STATUS_FILE: &str = "nri-shim-exit-status";
 
+/// The hook lists of an OCI spec (`hooks.<name>`, also CDI's `hookName`),
+/// in the order the runtime runs them; libcontainer runs every one.
+pub const OCI_HOOKS: [&str; 6] = [
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
+
 /// The `PATH` containerd and Docker give a process without one.
 pub const DEFAULT_PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 

@@ -51,16 +51,6 @@ pub enum InfoError {
     Encode(#[source] protobuf::Error),
 }
 
-/// Hooks libcontainer runs, in the order of the runtime spec.
-const HOOKS: [&str; 6] = [
-    "prestart",
-    "createRuntime",
-    "createContainer",
-    "startContainer",
-    "poststart",
-    "poststop",
-];
-
 /// Mount options libcontainer applies through `mount(2)` flags.
 const MOUNT_FLAG_OPTIONS: [&str; 33] = [
     "async",
@@ -324,7 +314,12 @@ pub fn features(kernel: &Kernel) -> OciFeatures {
     FeaturesBuilder::default()
         .oci_version_min("1.0.0")
         .oci_version_max(oci_spec::runtime::VERSION)
-        .hooks(HOOKS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .hooks(
+            crate::bundle::OCI_HOOKS
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>(),
+        )
         .mount_options(mount_options)
         .linux(linux)
         .build()

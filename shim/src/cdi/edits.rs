@@ -201,29 +201,21 @@ impl Merged {
                 oh.set_args((!h.args.is_empty()).then(|| h.args.clone()));
                 oh.set_env((!h.env.is_empty()).then(|| h.env.clone()));
                 oh.set_timeout(h.timeout);
+                // Hook names were checked against OCI_HOOKS when the spec
+                // was read.
+                #[allow(deprecated)]
                 let list = match h.hook_name.as_str() {
-                    #[allow(deprecated)]
-                    "prestart" => hooks.prestart().clone(),
-                    "createRuntime" => hooks.create_runtime().clone(),
-                    "createContainer" => hooks.create_container().clone(),
-                    "startContainer" => hooks.start_container().clone(),
-                    "poststart" => hooks.poststart().clone(),
-                    _ => hooks.poststop().clone(),
-                };
-                let mut list = list.unwrap_or_default();
-                if list.contains(&oh) {
-                    continue;
+                    "prestart" => hooks.prestart_mut(),
+                    "createRuntime" => hooks.create_runtime_mut(),
+                    "createContainer" => hooks.create_container_mut(),
+                    "startContainer" => hooks.start_container_mut(),
+                    "poststart" => hooks.poststart_mut(),
+                    _ => hooks.poststop_mut(),
                 }
-                list.push(oh);
-                match h.hook_name.as_str() {
-                    #[allow(deprecated)]
-                    "prestart" => hooks.set_prestart(Some(list)),
-                    "createRuntime" => hooks.set_create_runtime(Some(list)),
-                    "createContainer" => hooks.set_create_container(Some(list)),
-                    "startContainer" => hooks.set_start_container(Some(list)),
-                    "poststart" => hooks.set_poststart(Some(list)),
-                    _ => hooks.set_poststop(Some(list)),
-                };
+                .get_or_insert_with(Vec::new);
+                if !list.contains(&oh) {
+                    list.push(oh);
+                }
             }
         }
     }

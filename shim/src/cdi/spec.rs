@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use crate::bundle::OCI_HOOKS;
+
 /// The highest CDI spec version understood (`cdiVersion`).
 pub const MAX_VERSION: (u64, u64) = (1, 1);
 /// The lowest CDI spec version understood.
@@ -142,16 +144,6 @@ pub struct Mount {
     pub options: Vec<String>,
 }
 
-/// The hook lists of an OCI spec, by their CDI `hookName`.
-pub const HOOK_NAMES: [&str; 6] = [
-    "prestart",
-    "createRuntime",
-    "createContainer",
-    "startContainer",
-    "poststart",
-    "poststop",
-];
-
 impl SpecFile {
     /// Checks version, kind and device names.
     ///
@@ -226,11 +218,11 @@ impl ContainerEdits {
             }
         }
         for h in &self.hooks {
-            if !HOOK_NAMES.contains(&h.hook_name.as_str()) {
+            if !OCI_HOOKS.contains(&h.hook_name.as_str()) {
                 return Err(format!(
                     "hookName {:?} is not one of {}",
                     h.hook_name,
-                    HOOK_NAMES.join(", ")
+                    OCI_HOOKS.join(", ")
                 ));
             }
             if !h.path.starts_with('/') {
