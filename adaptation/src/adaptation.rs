@@ -89,17 +89,6 @@ impl Inner {
         self.run().running
     }
 
-    /// Records a successful CreateContainer's container (as the plugins
-    /// adjusted it) and hands back the response.
-    fn record_created(
-        &self,
-        r: Result<(api::CreateContainerResponse, api::Container), Error>,
-    ) -> Result<api::CreateContainerResponse, Error> {
-        let (rsp, container) = r?;
-        self.known.created(container);
-        Ok(rsp)
-    }
-
     fn dispatch(&self) -> Dispatch<'_> {
         Dispatch {
             registry: &self.registry,
@@ -330,14 +319,7 @@ impl Adaptation {
         &self,
         req: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, Error> {
-        let mut evictions = Evictions::default();
-        let r = {
-            let _req = self.inner.request_lock.lock().await;
-            let r = self.inner.dispatch().create_container(req, None, &mut evictions).await;
-            self.inner.record_created(r)
-        };
-        evictions.deliver(&self.inner.callbacks).await;
-        r
+        self.create(req, None).await
     }
 
     /// [`Adaptation::create_container`], also reporting what each plugin
@@ -348,18 +330,34 @@ impl Adaptation {
         req: api::CreateContainerRequest,
     ) -> (Result<api::CreateContainerResponse, Error>, CreateReport) {
         let mut report = CreateReport::default();
+        let r = self.create(req, Some(&mut report)).await;
+        (r, report)
+    }
+
+    /// CreateContainer under the request lock, the created container
+    /// recorded for later syncs; evictions delivered once the lock is
+    /// released.
+    async fn create(
+        &self,
+        req: api::CreateContainerRequest,
+        report: Option<&mut CreateReport>,
+    ) -> Result<api::CreateContainerResponse, Error> {
         let mut evictions = Evictions::default();
         let r = {
             let _req = self.inner.request_lock.lock().await;
             let r = self
                 .inner
                 .dispatch()
-                .create_container(req, Some(&mut report), &mut evictions)
+                .create_container(req, report, &mut evictions)
                 .await;
-            self.inner.record_created(r)
+            // Not `?`: the evictions of a failed create are delivered too.
+            r.map(|(rsp, container)| {
+                self.inner.known.created(container);
+                rsp
+            })
         };
         evictions.deliver(&self.inner.callbacks).await;
-        (r, report)
+        r
     }
 
     /// Relays PostCreateContainer.
