@@ -22,7 +22,10 @@
 //! out what was removed during the sync, and takes state and resources
 //! from the record where an event changed them since the sync began.
 
-use std::{collections::HashMap, sync::Mutex};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Mutex,
+};
 
 use nri_proto::{api, sync::lock};
 
@@ -80,13 +83,21 @@ impl SyncTicket<'_> {
         let s = lock(&self.known.0);
         state.pods.retain(|p| !s.removed_pods.contains(&p.id));
         state.containers.retain(|c| !s.removed_containers.contains(&c.id));
+        // By id: a large node has a thousand containers in both lists.
+        let pods: HashSet<String> = state.pods.iter().map(|p| p.id.clone()).collect();
         for pod in s.pods.values() {
-            if !state.pods.iter().any(|p| p.id == pod.id) {
+            if !pods.contains(&pod.id) {
                 state.pods.push(pod.clone());
             }
         }
+        let at: HashMap<String, usize> = state
+            .containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id.clone(), i))
+            .collect();
         for e in s.containers.values() {
-            match state.containers.iter_mut().find(|c| c.id == e.container.id) {
+            match at.get(&e.container.id).map(|&i| &mut state.containers[i]) {
                 Some(c) if e.changed > self.began => {
                     c.state = e.container.state;
                     c.linux.mut_or_insert_default().resources = e
