@@ -16,8 +16,9 @@ use crate::{
     runner::Target,
 };
 
-/// Where the host's cgroup v2 hierarchy is mounted (libcgroups' root).
-const V2_ROOT: &str = "/sys/fs/cgroup";
+/// Where the host's cgroup hierarchy is mounted (libcgroups' root): the
+/// unified (v2) hierarchy itself, or the parent of the v1 controllers.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// Task.Stats' payload: containerd's metrics type of the host's hierarchy
 /// (its type URL tells containerd and CRI which one it is).
@@ -210,7 +211,7 @@ impl Cgroup {
 
     /// The cgroup's directory in a pure cgroup v2 hierarchy.
     fn v2_dir(&self) -> PathBuf {
-        Path::new(V2_ROOT).join(self.path.strip_prefix("/").unwrap_or(&self.path))
+        Path::new(CGROUP_ROOT).join(self.path.strip_prefix("/").unwrap_or(&self.path))
     }
 
     /// Number of OOM kills recorded by the memory controller (v1
@@ -218,15 +219,16 @@ impl Cgroup {
     pub fn oom_kills(&self) -> Option<u64> {
         let rel = self.path.strip_prefix("/").unwrap_or(&self.path);
         let candidates = [
-            (
-                Path::new("/sys/fs/cgroup/memory").join(rel).join("memory.oom_control"),
-                "oom_kill ",
-            ),
-            (Path::new("/sys/fs/cgroup").join(rel).join("memory.events"), "oom_kill "),
+            Path::new(CGROUP_ROOT)
+                .join("memory")
+                .join(rel)
+                .join("memory.oom_control"),
+            self.v2_dir().join("memory.events"),
         ];
-        candidates.iter().find_map(|(file, key)| {
+        candidates.iter().find_map(|file| {
             let text = std::fs::read_to_string(file).ok()?;
-            text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+            text.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
         })
     }
 }

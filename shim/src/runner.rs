@@ -277,7 +277,7 @@ impl Runner for HelperRunner {
     }
 
     fn watch_oom(&self, target: Target<'_>) -> Option<Box<dyn OomEvents>> {
-        match crate::oom::OomWatch::open(Path::new("/sys/fs/cgroup"), target.cgroups_path) {
+        match crate::oom::OomWatch::open(Path::new(crate::cgroups::CGROUP_ROOT), target.cgroups_path) {
             Ok(w) => Some(Box::new(w)),
             Err(e) => {
                 // The exit still reports an OOM kill; only the early event is lost.
