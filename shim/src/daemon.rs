@@ -31,14 +31,10 @@ use crate::{
     task::{NAMESPACE_HEADER, TaskService},
 };
 
-/// Directory of the daemon serving containerd at `address`.
-pub fn daemon_dir(config: &Config, address: &str) -> PathBuf {
-    config.shim.state_root.join(short_hash(address))
-}
-
-/// The daemon's task socket.
-pub fn socket_path(config: &Config, address: &str) -> PathBuf {
-    crate::layout::task_socket(&daemon_dir(config, address))
+/// Directory, under the state root, of the daemon serving containerd at
+/// `address`.
+pub fn daemon_dir(state_root: &Path, address: &str) -> PathBuf {
+    state_root.join(short_hash(address))
 }
 
 fn answers(sock: &Path) -> bool {
@@ -66,7 +62,7 @@ fn answers(sock: &Path) -> bool {
 /// When the daemon cannot be started, reports a failure, or does not come
 /// up within 10 s; when the bundle records cannot be written.
 pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapParams>) -> anyhow::Result<()> {
-    let dir = state_root.join(short_hash(&flags.address));
+    let dir = daemon_dir(state_root, &flags.address);
     let sock = crate::layout::task_socket(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     // Before the daemon is spawned or probed: the first detection runs the
@@ -293,7 +289,7 @@ pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
                 version: crate::record::RECORD_VERSION,
                 namespace: flags.namespace.clone(),
                 id: flags.id.clone(),
-                daemon_dir: Config::state_root_lenient().join(short_hash(&flags.address)),
+                daemon_dir: daemon_dir(&Config::state_root_lenient(), &flags.address),
             }
         }
     };
@@ -412,7 +408,7 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
     // blocking-pool threads would otherwise each leave an arena behind.
     // SAFETY: mallopt before any other thread exists.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
-    let dir = daemon_dir(&config, &flags.address);
+    let dir = daemon_dir(&config.shim.state_root, &flags.address);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     // Targets, not EnvFilter: no regex engine in the resident daemon. The
     // filter was checked when the config was loaded.
