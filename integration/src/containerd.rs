@@ -28,6 +28,16 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p
 }
 
+/// A command's stdout then stderr, as text: what a failed assertion on
+/// `ctr` shows.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// The containerd line the tests run against: `$NRI_CONTAINERD`, `1.6` (the
 /// system's `/usr/bin/containerd`, Debian 12) when unset; any other line
 /// (`1.7`, `2.1`) is Debian's package unpacked privately by

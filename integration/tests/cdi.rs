@@ -36,13 +36,7 @@ devices:
           minor: 5
 "#;
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use integration::containerd::output_text as text;
 
 #[test]
 fn a_plugin_and_an_annotation_inject_cdi_devices_and_an_unknown_one_fails_by_name() {

@@ -20,13 +20,7 @@ mounts = [{ destination = "/opt/nri", source = "tmpfs", type = "tmpfs", options 
 memory = { limit = "128Mi" }
 "#;
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use integration::containerd::output_text as text;
 
 fn test_plugin() -> std::path::PathBuf {
     workspace_bin("nri-test-plugin")

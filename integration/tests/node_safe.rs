@@ -14,13 +14,7 @@ use integration::containerd::{Containerd, RUNTIME, Setup};
 
 const RUNC: &str = "io.containerd.runc.v2";
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use integration::containerd::output_text as text;
 
 /// `ctr -n NS run -d --runtime RUNTIME [--mount ...] --rootfs ROOTFS ID CMD...`.
 fn run_in(c: &Containerd, ns: &str, runtime: &str, id: &str, flags: &[&str], cmd: &[&str]) {
