@@ -166,7 +166,7 @@ impl Dispatch<'_> {
             match p.create_container(result.request()).await {
                 Ok(mut rsp) => {
                     validation.present(p);
-                    evictions.add(p.name(), std::mem::take(&mut rsp.evict));
+                    // Reported as the plugin answered, evictions included.
                     if let Some(r) = report.as_deref_mut() {
                         r.plugins.push(PluginResponse {
                             plugin: p.name().to_string(),
@@ -174,6 +174,7 @@ impl Dispatch<'_> {
                             error: None,
                         });
                     }
+                    evictions.add(p.name(), std::mem::take(&mut rsp.evict));
                     let applied = result.apply(p.name(), rsp);
                     if let Some(r) = report.as_deref_mut() {
                         r.owners = Some(result.owners().into_proto());

@@ -78,3 +78,31 @@ async fn eviction_in_create_reply_is_delivered_when_the_create_fails() {
     assert_eq!(evicted(&rt)[0].0, "victim");
     rt.nri.stop().await;
 }
+
+/// What nri-replay prints: the report of a create keeps each plugin's
+/// answer as sent, its evictions included, while the evict callback still
+/// gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_report_keeps_the_evictions_a_plugin_answered() {
+    let rt = TestRuntime::start(REQUEST_TIMEOUT).await;
+    rt.add("p1", "victim");
+    let behaviour = Behaviour {
+        events: Some("CreateContainer".into()),
+        create_reply_evicts: Some("victim".into()),
+        ..Default::default()
+    };
+    let _plugin = spawn_plugin(test_plugin_bin!(), &rt.sock(), "10", "evictor", &behaviour);
+    rt.wait_plugins(&["10-evictor"]).await;
+    let (pod, ctr) = (integration::pod("p1"), integration::container("p1", "new"));
+    let (r, report) = rt.nri.create_container_with_report(create_request(&pod, &ctr)).await;
+    r.expect("create succeeds");
+    let answered: Vec<String> = report
+        .plugins
+        .iter()
+        .filter_map(|p| p.response.as_ref())
+        .flat_map(|rsp| rsp.evict.iter().map(|e| e.container_id.clone()))
+        .collect();
+    assert_eq!(answered, ["victim"], "{report:?}");
+    assert_eq!(evicted(&rt).len(), 1, "{:?}", evicted(&rt));
+    rt.nri.stop().await;
+}
