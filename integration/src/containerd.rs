@@ -132,6 +132,10 @@ pub fn busybox_rootfs(dir: &Path) {
     }
 }
 
+/// Container ids run through [`Containerd::run_with`], with the instance
+/// (its directory) that ran them, until that instance is dropped.
+static IDS_IN_USE: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
 /// A running private containerd.
 pub struct Containerd {
     /// Everything lives here.
@@ -331,7 +335,24 @@ impl Containerd {
 
     /// `ctr run --fifo-dir F --runtime RUNTIME FLAGS --rootfs ROOTFS ID CMD...`
     /// with any runtime (e.g. `io.containerd.runc.v2` to compare).
+    ///
+    /// # Panics
+    /// When another live instance in this test binary has run a container
+    /// with the same id: both would get the cgroup `/default/ID` (ctr's
+    /// cgroups path is the namespace and the id), and removing one kills
+    /// the other's processes. Tests of one binary run in parallel, so each
+    /// uses ids of its own.
     pub fn run_with(&self, runtime: &str, id: &str, flags: &[&str], cmd: &[&str]) -> Output {
+        {
+            let mut used = IDS_IN_USE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((_, other)) = used.iter().find(|(i, d)| i == id && d != self.dir.path()) {
+                panic!(
+                    "container id {id} is in use by another test's containerd ({}): the two would share cgroup /default/{id}",
+                    other.display()
+                );
+            }
+            used.push((id.to_string(), self.dir.path().to_path_buf()));
+        }
         let fifo = self.dir.path().join("fifo");
         let mut args: Vec<String> = vec!["run".into(), "--fifo-dir".into(), fifo.display().to_string()];
         args.extend(["--runtime".into(), runtime.into()]);
@@ -499,6 +520,10 @@ impl Drop for Containerd {
         }
         let _ = nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
         let _ = self.child.wait();
+        IDS_IN_USE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(_, d)| d != self.dir.path());
         // Empty parent cgroups containerd created (`/default`, one per namespace).
         for ctl in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
             for ns in namespaces.lines() {

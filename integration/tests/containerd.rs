@@ -219,9 +219,9 @@ fn e_cri_pod_emulation_drives_pod_events() {
         "io.kubernetes.cri.container-name=app",
     ];
     ct.extend(pod);
-    let out = c.run("ctrd-c1", &ct, &["/bin/sleep", "300"]);
+    let out = c.run("ctrd-pc1", &ct, &["/bin/sleep", "300"]);
     assert!(out.status.success(), "{}", text(&out));
-    for id in ["ctrd-c1", "ctrd-sb1"] {
+    for id in ["ctrd-pc1", "ctrd-sb1"] {
         assert!(c.ctr(&["t", "kill", "-s", "SIGKILL", id]).status.success());
         c.wait_status(id, "STOPPED");
         assert!(c.ctr(&["t", "rm", id]).status.success());
