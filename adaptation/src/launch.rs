@@ -174,7 +174,28 @@ pub fn spawn(plugin: &Discovered) -> std::io::Result<(tokio::net::UnixStream, Pl
     drop(theirs);
     let std_stream = std::os::unix::net::UnixStream::from(ours);
     let stream = tokio::net::UnixStream::from_std(std_stream)?;
+    if let Some(pid) = child.id() {
+        lock_live().push(pid as i32);
+    }
     Ok((stream, PluginProcess(child)))
+}
+
+/// Pids of launched plugin processes not reaped yet (see
+/// [`is_plugin_process`]).
+static LIVE: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn lock_live() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether `pid` is a plugin process this library launched and will reap
+/// itself. An embedding runtime that reaps children it does not know (a
+/// child subreaper reaping re-parented zombies, as the shim's daemon
+/// does) must leave these alone: a plugin's status taken from under its
+/// `wait` is lost, and the pid, still believed alive, would be signalled
+/// after it may have been reused.
+pub fn is_plugin_process(pid: i32) -> bool {
+    lock_live().contains(&pid)
 }
 
 /// Spawns `cmd`, retrying briefly while its executable is busy (ETXTBSY):
@@ -224,7 +245,35 @@ impl PluginProcess {
     /// whose connection closed while it started has usually died, and its
     /// status (or signal) is what tells an operator why.
     pub async fn exit_status(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(within, self.0.wait()).await.ok()?.ok()
+        let pid = self.0.id();
+        let status = tokio::time::timeout(within, self.0.wait()).await.ok()?.ok();
+        if status.is_some() {
+            forget(pid);
+        }
+        status
+    }
+
+    /// Waits up to `within` for the plugin to exit, without reaping it: a
+    /// reaped leader's pid may be reused (a container's init is a group
+    /// leader too), so the group is killed while the exited leader still
+    /// holds its pid. Returns whether it exited.
+    pub async fn exited_within(&self, within: std::time::Duration) -> bool {
+        let Some(pid) = self.0.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) else {
+            return true;
+        };
+        if within.is_zero() {
+            return false;
+        }
+        // A pidfd is readable once the process has exited (Linux 5.3).
+        let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+            return false;
+        };
+        // SAFETY: the AsyncFd owns the pidfd; nothing else closes it.
+        let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+        let Ok(fd) = registered else {
+            return false;
+        };
+        tokio::time::timeout(within, fd.readable()).await.is_ok()
     }
 
     fn kill_group(&self) {
@@ -240,13 +289,24 @@ impl PluginProcess {
     pub async fn kill(&mut self) {
         self.kill_group();
         let _ = self.0.start_kill();
+        let pid = self.0.id();
         let _ = self.0.wait().await;
+        forget(pid);
+    }
+}
+
+/// Takes a reaped (or abandoned) plugin pid out of [`LIVE`].
+fn forget(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        lock_live().retain(|p| *p != pid as i32);
     }
 }
 
 impl Drop for PluginProcess {
     fn drop(&mut self) {
         self.kill_group();
+        // Not reaped yet: tokio reaps it as an orphan, or a subreaper does.
+        forget(self.0.id());
     }
 }
 
@@ -272,6 +332,28 @@ mod tests {
         let names: Vec<_> = found.iter().map(|p| format!("{}-{}", p.idx, p.base)).collect();
         assert_eq!(names, ["05-first", "10-logger"]);
         assert_eq!(found[1].path, d.path().join("10-logger"));
+    }
+
+    /// The shim's stray reaper asks this before it reaps a zombie child:
+    /// a launched plugin is listed until this library has reaped it.
+    #[tokio::test]
+    async fn a_plugin_process_is_listed_until_it_is_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("10-sleeper");
+        std::fs::write(&path, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let found = Discovered {
+            idx: "10".into(),
+            base: "sleeper".into(),
+            path,
+        };
+        let (_stream, mut child) = spawn(&found).unwrap();
+        let pid = child.id().unwrap() as i32;
+        assert!(is_plugin_process(pid));
+        assert!(!is_plugin_process(std::process::id() as i32));
+        assert!(!child.exited_within(std::time::Duration::from_millis(50)).await);
+        child.kill().await;
+        assert!(!is_plugin_process(pid), "reaped by kill");
     }
 
     #[test]

@@ -68,20 +68,29 @@ impl Registry {
         tokio::spawn(async move {
             p.closed().await;
             if let Some(registry) = weak.upgrade() {
-                registry.remove(&p).await;
+                // A plugin already taken out of the table is being shut down
+                // by whoever took it (reload, stop): killing it here would
+                // cut short the exit it was given after Shutdown.
+                if registry.take(&p) {
+                    tracing::info!(plugin = %p.name(), "NRI plugin removed");
+                    p.close().await;
+                    p.kill().await;
+                }
             }
         });
     }
 
+    /// Takes `p` out of the table; whether it was there.
+    fn take(&self, p: &Arc<Plugin>) -> bool {
+        let mut list = write(&self.plugins);
+        let before = list.len();
+        list.retain(|q| !Arc::ptr_eq(q, p));
+        before != list.len()
+    }
+
     /// Deactivates `p`, closes it and kills its process (if launched).
     pub async fn remove(&self, p: &Arc<Plugin>) {
-        let removed = {
-            let mut list = write(&self.plugins);
-            let before = list.len();
-            list.retain(|q| !Arc::ptr_eq(q, p));
-            before != list.len()
-        };
-        if removed {
+        if self.take(p) {
             tracing::info!(plugin = %p.name(), "NRI plugin removed");
         }
         p.close().await;

@@ -40,7 +40,9 @@ pub struct Behaviour {
     pub events: Option<String>,
     /// Append every request as a JSON line here.
     pub log: Option<PathBuf>,
-    /// Event name -> milliseconds to sleep before answering.
+    /// Event name -> milliseconds to sleep before answering; `Exit`: before
+    /// the plugin logs its exit and exits, once its connection ended (a
+    /// plugin cleaning up after Shutdown).
     pub sleep_ms: HashMap<String, u64>,
     /// Event name -> error text to answer with.
     pub fail: HashMap<String, String>,

@@ -84,7 +84,7 @@ fn sighup_applies_a_valid_config_and_keeps_running_on_an_invalid_one() {
         idle_timeout: "60s",
         ..Setup::default()
     });
-    run(&c, "c1");
+    run(&c, "hup-c1");
     let pid = c.shim_daemon_pid().expect("shim daemon runs");
 
     // An operator mid-edit: the file does not parse. The reload names the
@@ -98,7 +98,7 @@ fn sighup_applies_a_valid_config_and_keeps_running_on_an_invalid_one() {
         assert!(line.contains(needle), "{needle:?} not in {line}");
     }
     // ... and still takes new containers (`start` does not load the file).
-    run(&c, "c2");
+    run(&c, "hup-c2");
     assert_eq!(c.shim_daemon_pid(), Some(pid), "the same daemon serves c2");
     assert_eq!(log.of("10-a", "CreateContainer").len(), 2);
     assert!(
@@ -127,14 +127,26 @@ fn sighup_applies_a_valid_config_and_keeps_running_on_an_invalid_one() {
     let sync = block(log.wait_event("20-b", "Synchronize"));
     let mut synced = sync.containers.clone();
     synced.sort();
-    assert_eq!(synced, ["c1", "c2"]);
-    block(log.wait_event("10-a", "Exit"));
+    assert_eq!(synced, ["hup-c1", "hup-c2"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while log.of("10-a", "Exit").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "10-a did not exit; events: {:?}\nshim log:\n{}",
+            log.lines()
+                .iter()
+                .map(|l| format!("{} {}", l.plugin, l.event))
+                .collect::<Vec<_>>(),
+            c.shim_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
-    run(&c, "c3");
+    run(&c, "hup-c3");
     assert_eq!(c.shim_daemon_pid(), Some(pid));
     let creates = |p: &str| -> Vec<String> { log.of(p, "CreateContainer").into_iter().map(|l| l.container).collect() };
-    assert_eq!(creates("20-b"), ["c3"]);
-    assert_eq!(creates("10-a"), ["c1", "c2"]);
+    assert_eq!(creates("20-b"), ["hup-c3"]);
+    assert_eq!(creates("10-a"), ["hup-c1", "hup-c2"]);
     // (The directory watch may have started 20-b, logging at debug, between
     // the edit and the signal: count from the reload's own line.)
     let after = c.shim_log();
@@ -148,29 +160,72 @@ fn sighup_applies_a_valid_config_and_keeps_running_on_an_invalid_one() {
 
 /// A plugin file that appears in plugin_path is started and synchronized
 /// with the running containers, and one whose file is removed is shut
-/// down, without a signal; the containers keep running.
+/// down, without a signal, and given time to exit on its own (10-a takes
+/// 300 ms after Shutdown: it was SIGKILLed as soon as its connection
+/// closed); the containers keep running.
 #[test]
 fn plugin_path_changes_are_picked_up_without_a_signal() {
     let logs = tempfile::tempdir().unwrap();
     let log = EventLog::new(logs.path().join("events.jsonl"));
+    let slow_exit = serde_json::to_string(&Behaviour {
+        log: Some(log.path().to_path_buf()),
+        events: Some("CreateContainer".into()),
+        sleep_ms: [("Exit".to_string(), 300)].into(),
+        ..Default::default()
+    })
+    .unwrap();
     let c = Containerd::start(Setup {
-        plugins: vec![("10-a", test_plugin_bin!().into(), logging(&log))],
+        plugins: vec![("10-a", test_plugin_bin!().into(), slow_exit)],
         idle_timeout: "60s",
         ..Setup::default()
     });
-    run(&c, "c1");
+    run(&c, "dir-c1");
     let pid = c.shim_daemon_pid().expect("shim daemon runs");
 
     install(&c, "20-b", &logging(&log));
+    eprintln!(
+        "PS {}",
+        String::from_utf8_lossy(
+            &std::process::Command::new("ps")
+                .args(["-eo", "pid,pgid,sid,ppid,stat,args"])
+                .output()
+                .unwrap()
+                .stdout
+        )
+        .lines()
+        .filter(|l| l.contains("sleep 1000") || l.contains("nri") || l.contains("plugins/"))
+        .collect::<Vec<_>>()
+        .join("\n")
+    );
     let sync = block(log.wait_event("20-b", "Synchronize"));
-    assert_eq!(sync.containers, ["c1"]);
+    assert_eq!(sync.containers, ["dir-c1"]);
     std::fs::remove_file(c.plugin_dir.join("10-a")).unwrap();
-    block(log.wait_event("10-a", "Exit"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while log.of("10-a", "Exit").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "10-a did not exit; events: {:?}\nshim log:\n{}",
+            log.lines()
+                .iter()
+                .map(|l| format!("{} {}", l.plugin, l.event))
+                .collect::<Vec<_>>(),
+            c.shim_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
-    run(&c, "c2");
+    run(&c, "dir-c2");
     assert_eq!(c.shim_daemon_pid(), Some(pid), "the same daemon serves c2");
     let creates = |p: &str| -> Vec<String> { log.of(p, "CreateContainer").into_iter().map(|l| l.container).collect() };
-    assert_eq!(creates("20-b"), ["c2"]);
-    assert_eq!(creates("10-a"), ["c1"]);
+    assert_eq!(creates("20-b"), ["dir-c2"]);
+    assert_eq!(creates("10-a"), ["dir-c1"]);
     assert!(c.shim_log().contains("plugin directory changed"), "{}", c.shim_log());
+    let tasks = integration::containerd::output_text(&c.ctr(&["t", "ls"]));
+    for id in ["dir-c1", "dir-c2"] {
+        assert!(
+            tasks.lines().any(|l| l.starts_with(id) && l.contains("RUNNING")),
+            "{id} runs after the plugin changes:\n{tasks}\nshim log:\n{}",
+            c.shim_log()
+        );
+    }
 }

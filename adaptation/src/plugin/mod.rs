@@ -202,13 +202,25 @@ impl Plugin {
         self.close_notify.notify_waiters();
     }
 
-    /// Asks the plugin to shut down (best effort, bounded by `wait`), closes
-    /// the connection and kills a launched process.
+    /// Asks the plugin to shut down, closes the connection and kills a
+    /// launched process. `wait` bounds the whole: the Shutdown request and
+    /// then the process's own exit (a plugin that answered Shutdown is
+    /// given the rest of `wait` to finish, so its cleanup is not cut off by
+    /// SIGKILL); `Duration::ZERO` kills at once.
     pub async fn shutdown(&self, wait: Duration) {
+        let deadline = tokio::time::Instant::now() + wait;
         if !self.is_closed() {
             self.link.shutdown(wait).await;
         }
         self.close().await;
+        {
+            let guard = self.child.lock().await;
+            if let Some(child) = guard.as_ref() {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let exited = child.exited_within(left).await;
+                tracing::debug!(plugin = %self.name(), exited, "plugin process after shutdown");
+            }
+        }
         self.kill().await;
     }
 

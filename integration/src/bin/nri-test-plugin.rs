@@ -354,6 +354,10 @@ async fn run(startup: serde_json::Value) {
     *plugin.handle.lock().unwrap() = Some(handle.clone());
     let result = handle.wait().await;
     let failed = result.is_err();
+    let cleanup = plugin.b().sleep_ms.get("Exit").copied();
+    if let Some(ms) = cleanup {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     plugin.log(LogLine {
         event: "Exit".into(),
         error: result
