@@ -160,6 +160,7 @@ pub use callbacks::RuntimeState;
 pub use config::{FailurePolicy, Options};
 pub use dispatch::{CreateReport, PluginResponse};
 pub use error::{BoxError, Error, PluginError, ValidationError};
+pub use launch::is_plugin_process;
 pub use nri_proto::{self, api, events::EventMask};
 pub use observe::{Observer, Outcome, Rejection};
 pub use plugin::{HandshakeError, PluginOrigin};

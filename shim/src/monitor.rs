@@ -111,7 +111,8 @@ pub fn reap_strays() {
             continue;
         };
         for pid in children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-            if claimed.contains(&pid) {
+            // Plugin processes are reaped by the adaptation that launched them.
+            if claimed.contains(&pid) || nri_adaptation::is_plugin_process(pid) {
                 continue;
             }
             let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -119,11 +120,12 @@ pub fn reap_strays() {
                 .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
                 .unwrap_or(false);
             if zombie {
-                let _ = nix::sys::wait::waitpid(
+                let status = nix::sys::wait::waitpid(
                     nix::unistd::Pid::from_raw(pid),
                     Some(nix::sys::wait::WaitPidFlag::WNOHANG),
                 );
-                tracing::debug!(pid, "reaped stray child");
+                // The status says how a failed create's processes ended.
+                tracing::debug!(pid, status = ?status, "reaped stray child");
             }
         }
     }
