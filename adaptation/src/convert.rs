@@ -194,9 +194,62 @@ pub fn container_from_spec(id: &str, pod_id: &str, name: &str, spec: &Spec) -> a
     c
 }
 
+/// A message in proto JSON (protobuf's JSON mapping) as a
+/// `serde_json::Value`, for people to read: present but empty messages
+/// (`"hooks": {}`, `"cpu": {}`, which the merge leaves in a reply) are
+/// dropped, except NRI's `Optional*` wrappers, where `{}` means "set to
+/// zero". `null` when the message cannot be printed.
+pub fn to_json<M: protobuf::MessageFull>(m: &M) -> serde_json::Value {
+    let mut m = m.clone();
+    prune_empty(&mut m);
+    let text = protobuf_json_mapping::print_to_string(&m).unwrap_or_else(|_| "null".into());
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+}
+
+fn prune_empty(m: &mut dyn protobuf::MessageDyn) {
+    use protobuf::reflect::{RuntimeFieldType, RuntimeType};
+    let d = m.descriptor_dyn();
+    for f in d.fields() {
+        let RuntimeFieldType::Singular(RuntimeType::Message(ty)) = f.runtime_field_type() else {
+            continue;
+        };
+        if !f.has_field(m) {
+            continue;
+        }
+        let empty = {
+            let sub = f.mut_message(m);
+            prune_empty(sub);
+            sub.compute_size_dyn() == 0 && !ty.name().starts_with("Optional")
+        };
+        if empty {
+            f.clear_field(m);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_for_people_drops_empty_messages_but_not_zero_wrappers_or_map_values() {
+        let mut a = api::ContainerAdjustment::new();
+        a.hooks.mut_or_insert_default();
+        let linux = a.linux.mut_or_insert_default();
+        let res = linux.resources.mut_or_insert_default();
+        res.cpu.mut_or_insert_default();
+        res.memory.mut_or_insert_default().limit = MessageField::some(api::OptionalInt64::new());
+        linux.net_devices.insert("eth0".into(), api::LinuxNetDevice::new());
+        let v = to_json(&a);
+        assert_eq!(
+            v,
+            serde_json::json!({"linux": {
+                "resources": {"memory": {"limit": {}}},
+                "netDevices": {"eth0": {}}
+            }}),
+        );
+        assert_eq!(to_json(&api::ContainerAdjustment::new()), serde_json::json!({}));
+    }
 
     #[test]
     fn container_reflects_the_spec() {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use nri_proto::{
-    api::{self, Event},
+    api::{self, Event, Field},
     events::event_name,
 };
 
@@ -39,6 +39,126 @@ pub struct CreateReport {
     pub plugins: Vec<PluginResponse>,
     /// Field owners after the last merged response.
     pub owners: Option<api::OwningPlugins>,
+}
+
+/// One field, or one key of a keyed field, a plugin set or removed in a
+/// CreateContainer: a line of the container's audit trail.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FieldChange {
+    /// NRI's name of the field (its `Field` enum: `Env`, `Mounts`,
+    /// `MemLimit`, `CPUSetCPUs`, ...).
+    pub field: String,
+    /// The key within a keyed field: environment variable name, mount
+    /// destination, annotation key, device path, rlimit type, sysctl.
+    /// `None` for a simple field.
+    pub key: Option<String>,
+    /// `IDX-NAME` of the plugin.
+    pub plugin: String,
+    /// The plugin removed the field or key instead of setting it.
+    pub removed: bool,
+}
+
+impl CreateReport {
+    /// Who set or removed what in container `id`: the final field owners,
+    /// plus the keys a plugin's answer only removed (annotations, mounts,
+    /// env, devices, sysctls), which own nothing. Ordered by NRI field
+    /// number, then key. OCI hooks, which accumulate, give one change per
+    /// contributing plugin.
+    pub fn changes(&self, id: &str) -> Vec<FieldChange> {
+        let Some(owners) = self.owners.as_ref().and_then(|o| o.owners.get(id)) else {
+            return Vec::new();
+        };
+        let name = |n: i32| match <api::Field as protobuf::Enum>::from_i32(n) {
+            Some(f) => format!("{f:?}"),
+            None => format!("field {n}"),
+        };
+        let change = |field: i32, key: Option<&str>, owner: &str| -> Vec<FieldChange> {
+            let (plugins, removed) = match owner.strip_prefix('-') {
+                Some(p) => (p, true),
+                None => (owner, false),
+            };
+            plugins
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(|p| FieldChange {
+                    field: name(field),
+                    key: key.map(str::to_string),
+                    plugin: p.to_string(),
+                    removed,
+                })
+                .collect()
+        };
+        let mut out: Vec<(i32, FieldChange)> = Vec::new();
+        for (field, owner) in &owners.simple {
+            out.extend(change(*field, None, owner).into_iter().map(|c| (*field, c)));
+        }
+        for (field, keyed) in &owners.compound {
+            for (key, owner) in &keyed.owners {
+                out.extend(change(*field, Some(key), owner).into_iter().map(|c| (*field, c)));
+            }
+        }
+        // A key only removed has no owner (the merge leaves ownership
+        // alone, as upstream): the plugin's own answer says who removed it.
+        for p in &self.plugins {
+            let Some(adjust) = p.response.as_ref().and_then(|r| r.adjust.as_ref()) else {
+                continue;
+            };
+            let linux = adjust.linux.as_ref();
+            let removals = [
+                (
+                    Field::Annotations,
+                    adjust.annotations.keys().map(String::as_str).collect::<Vec<_>>(),
+                ),
+                (
+                    Field::Mounts,
+                    adjust.mounts.iter().map(|m| m.destination.as_str()).collect(),
+                ),
+                (Field::Env, adjust.env.iter().map(|e| e.key.as_str()).collect()),
+                (
+                    Field::Devices,
+                    linux
+                        .map(|l| l.devices.iter().map(|d| d.path.as_str()).collect())
+                        .unwrap_or_default(),
+                ),
+                (
+                    Field::Sysctl,
+                    linux
+                        .map(|l| l.sysctl.keys().map(String::as_str).collect())
+                        .unwrap_or_default(),
+                ),
+            ];
+            for (field, keys) in removals {
+                for key in keys.iter().filter_map(|k| k.strip_prefix('-')) {
+                    let known = out
+                        .iter()
+                        .any(|(f, c)| *f == field as i32 && c.key.as_deref() == Some(key) && c.plugin == p.plugin);
+                    if !known {
+                        out.push((
+                            field as i32,
+                            FieldChange {
+                                field: name(field as i32),
+                                key: Some(key.to_string()),
+                                plugin: p.plugin.clone(),
+                                removed: true,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        out.sort_by(|(fa, a), (fb, b)| (fa, &a.key, &a.plugin).cmp(&(fb, &b.key, &b.plugin)));
+        out.into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// The plugins that changed container `id`, in call order.
+    pub fn changed_by(&self, id: &str) -> Vec<String> {
+        let changes = self.changes(id);
+        self.plugins
+            .iter()
+            .map(|p| p.plugin.clone())
+            .filter(|p| changes.iter().any(|c| &c.plugin == p))
+            .collect()
+    }
 }
 
 /// Evictions plugins asked for in their replies to one request, in reply

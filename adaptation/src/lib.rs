@@ -158,7 +158,7 @@ pub use adaptation::Adaptation;
 pub use builder::AdaptationBuilder;
 pub use callbacks::RuntimeState;
 pub use config::{FailurePolicy, Options};
-pub use dispatch::{CreateReport, PluginResponse};
+pub use dispatch::{CreateReport, FieldChange, PluginResponse};
 pub use error::{BoxError, Error, PluginError, ValidationError};
 pub use launch::is_plugin_process;
 pub use nri_proto::{self, api, events::EventMask};

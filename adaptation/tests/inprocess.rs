@@ -194,3 +194,95 @@ async fn validation_errors_say_which_validator_and_whether_it_rejected_or_failed
     }
     nri.stop().await;
 }
+
+/// Sets a memory limit, adds a prestart hook and removes the env var
+/// `DROP`: a simple field, an accumulating field and a removal.
+struct Limits;
+
+#[nri_stub::async_trait]
+impl Plugin for Limits {
+    async fn create_container(
+        &self,
+        _pod: &api::PodSandbox,
+        _container: &api::Container,
+    ) -> Result<api::CreateContainerResponse, BoxError> {
+        let mut rsp = api::CreateContainerResponse::new();
+        let adjust = rsp.adjust.mut_or_insert_default();
+        adjust
+            .linux
+            .mut_or_insert_default()
+            .resources
+            .mut_or_insert_default()
+            .memory
+            .mut_or_insert_default()
+            .limit = protobuf::MessageField::some(api::OptionalInt64 {
+            value: 64 << 20,
+            ..Default::default()
+        });
+        adjust.hooks.mut_or_insert_default().prestart.push(api::Hook {
+            path: "/bin/true".into(),
+            ..Default::default()
+        });
+        adjust.env.push(api::KeyValue {
+            key: "-DROP".into(),
+            ..Default::default()
+        });
+        Ok(rsp)
+    }
+}
+
+/// Subscribed to CreateContainer, changes nothing.
+struct Idle;
+
+#[nri_stub::async_trait]
+impl Plugin for Idle {}
+
+/// The audit trail of a create: who set or removed which field, and which
+/// plugins changed the container at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_report_says_which_plugin_changed_which_field() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let create = || EventMask::parse("CreateContainer").unwrap();
+    let nri = Adaptation::builder("test-runtime", "0.1")
+        .with_sync_fn(|| async { Ok(RuntimeState::default()) })
+        .with_update_fn(|_| async { Ok(Vec::new()) })
+        .with_disabled_connections()
+        .with_plugin_path(dir.path().join("none"))
+        .with_builtin_plugin("10", "add-env", create(), Arc::new(AddEnv))
+        .with_builtin_plugin("20", "limits", create(), Arc::new(Limits))
+        .with_builtin_plugin("30", "idle", create(), Arc::new(Idle))
+        .build()
+        .unwrap();
+    nri.start().await.unwrap();
+    let mut req = api::CreateContainerRequest::new();
+    req.container.mut_or_insert_default().id = "c1".into();
+    req.container.mut_or_insert_default().env = vec!["DROP=1".into()];
+    let (rsp, report) = nri.create_container_with_report(req).await;
+    rsp.unwrap();
+    let lines: Vec<String> = report
+        .changes("c1")
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {} {}{}",
+                c.field,
+                c.key.as_deref().unwrap_or("-"),
+                c.plugin,
+                if c.removed { " removed" } else { "" }
+            )
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "OciHooks - 20-limits",
+            "Env DROP 20-limits removed",
+            "Env HELLO 10-add-env",
+            "MemLimit - 20-limits",
+        ]
+    );
+    assert_eq!(report.changed_by("c1"), ["10-add-env", "20-limits"]);
+    assert!(report.changes("other").is_empty());
+    nri.stop().await;
+}
