@@ -24,7 +24,7 @@ pub struct Flags {
     pub help: bool,
     /// `-info`: print the runtime info protobuf (see [`crate::info`]).
     pub info: bool,
-    /// `start`, `delete`, or the internal `daemon`.
+    /// `start`, `delete`, `inspect`, or the internal `daemon`.
     pub action: String,
 }
 
@@ -55,6 +55,7 @@ pub enum ArgsError {
 /// What `-h` prints.
 pub const USAGE: &str = "\
 usage: containerd-shim-nri-shim-v2 -namespace NS -address CONTAINERD_SOCKET -id ID [-bundle DIR] [-publish-binary BIN] [-debug] start|delete
+       containerd-shim-nri-shim-v2 [-namespace NS] inspect CONTAINER_ID
        containerd-shim-nri-shim-v2 -v
        containerd-shim-nri-shim-v2 -info < RUNTIME_OPTIONS
 
@@ -64,6 +65,8 @@ containerd runs it; it is not meant to be run by hand.
 
   start    print the task address, starting the node's shim daemon if needed
   delete   clean up after a task whose shim is gone; prints its exit status
+  inspect  [-namespace NS] CONTAINER_ID: which NRI plugin changed which field
+           of the container (its audit record; run by hand)
   -info    print the runtime's features (a containerd RuntimeInfo protobuf)
 
 Configuration: $NRI_SHIM_CONFIG, else /etc/nri-shim/config.toml.
@@ -80,6 +83,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, ArgsError
         let Some(flag) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
             if f.action.is_empty() {
                 f.action = a;
+                continue;
+            }
+            // `inspect <container-id>`: the id may follow the action.
+            if f.action == "inspect" && f.id.is_empty() {
+                f.id = a;
                 continue;
             }
             return Err(ArgsError::Unexpected(a));
@@ -174,6 +182,18 @@ mod tests {
             (f.namespace.as_str(), f.id.as_str(), f.action.as_str()),
             ("ns", "x", "daemon")
         );
+    }
+
+    #[test]
+    fn inspect_takes_the_container_id_after_the_action() {
+        let f = p("-namespace k8s.io inspect c1").unwrap();
+        assert_eq!(
+            (f.action.as_str(), f.id.as_str(), f.namespace.as_str()),
+            ("inspect", "c1", "k8s.io")
+        );
+        let f = p("inspect c1 -namespace default").unwrap();
+        assert_eq!((f.id.as_str(), f.namespace.as_str()), ("c1", "default"));
+        assert_eq!(p("inspect c1 c2").unwrap_err(), ArgsError::Unexpected("c2".into()));
     }
 
     #[test]

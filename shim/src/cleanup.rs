@@ -178,6 +178,7 @@ pub fn clean_up(record: &TaskRecord, bundle: &Path) -> Vec<CleanupError> {
         }
     }
     let _ = std::fs::remove_file(crate::layout::init_console(&record.daemon_dir, &record.namespace, id));
+    crate::audit::AuditRecord::remove(&record.daemon_dir, &record.namespace, id);
     problems
 }
 

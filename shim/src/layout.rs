@@ -19,3 +19,14 @@ pub fn libcontainer_root(daemon_dir: &Path) -> PathBuf {
 pub fn init_console(daemon_dir: &Path, ns: &str, id: &str) -> PathBuf {
     daemon_dir.join(format!("{}.console", crate::service::short_hash(&format!("{ns}/{id}"))))
 }
+
+/// The NRI audit records of the daemon's tasks (see [`crate::audit`]).
+pub fn audit_dir(daemon_dir: &Path) -> PathBuf {
+    daemon_dir.join("audit")
+}
+
+/// The audit record of task `ns/id`: `audit/<namespace>/<id>.json`
+/// (containerd's namespaces and ids are single path components).
+pub fn audit_record(daemon_dir: &Path, ns: &str, id: &str) -> PathBuf {
+    audit_dir(daemon_dir).join(ns).join(format!("{id}.json"))
+}

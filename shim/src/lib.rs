@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod audit;
 pub mod bootstrap;
 pub mod bundle;
 pub mod cdi;
@@ -111,9 +112,13 @@ pub fn main() {
         // taking containers while its file is mid-edit.
         "start" => daemon::start_action(&flags, &config::Config::state_root_lenient(), params.as_ref()),
         "delete" => daemon::delete_action(&flags),
+        "inspect" => {
+            let ns = (!flags.namespace.is_empty()).then_some(flags.namespace.as_str());
+            audit::inspect_action(&config::Config::state_root_lenient(), ns, &flags.id).map(|text| print!("{text}"))
+        }
         "daemon" => daemon::daemon_main(&flags),
-        "" => Err(anyhow::anyhow!("no action given (start, delete)")),
-        other => Err(anyhow::anyhow!("unknown action {other:?} (start, delete)")),
+        "" => Err(anyhow::anyhow!("no action given (start, delete, inspect)")),
+        other => Err(anyhow::anyhow!("unknown action {other:?} (start, delete, inspect)")),
     };
     if let Err(e) = result {
         // `{:#}`: the error and its causes, outermost first. (The daemon

@@ -112,6 +112,16 @@ pub fn identify(namespace: &str, id: &str, spec: &Spec) -> Identity {
     }
 }
 
+/// What CreateContainer gave: the merged response and the plugins' part
+/// in it.
+#[derive(Debug, Clone, Default)]
+pub struct Created {
+    /// The merged adjustment and updates.
+    pub response: api::CreateContainerResponse,
+    /// Each plugin's answer and the field owners.
+    pub report: nri_adaptation::CreateReport,
+}
+
 /// The NRI calls the task service makes. Implemented by the real
 /// [`Adaptation`] and by [`NoNri`]; tests may substitute their own.
 #[async_trait]
@@ -122,8 +132,9 @@ pub trait Nri: Send + Sync + 'static {
     async fn stop_pod_sandbox(&self, pod: &api::PodSandbox) -> Result<(), Error>;
     /// RemovePodSandbox.
     async fn remove_pod_sandbox(&self, pod: &api::PodSandbox) -> Result<(), Error>;
-    /// CreateContainer: the merged adjustment and updates of other containers.
-    async fn create_container(&self, req: api::CreateContainerRequest) -> Result<api::CreateContainerResponse, Error>;
+    /// CreateContainer: the merged adjustment and updates of other
+    /// containers, and who changed what (for the audit trail).
+    async fn create_container(&self, req: api::CreateContainerRequest) -> Result<Created, Error>;
     /// PostCreateContainer.
     async fn post_create_container(&self, pod: &api::PodSandbox, c: &api::Container) -> Result<(), Error>;
     /// StartContainer.
@@ -151,8 +162,9 @@ impl Nri for Adaptation {
     async fn remove_pod_sandbox(&self, pod: &api::PodSandbox) -> Result<(), Error> {
         Adaptation::remove_pod_sandbox(self, pod).await
     }
-    async fn create_container(&self, req: api::CreateContainerRequest) -> Result<api::CreateContainerResponse, Error> {
-        Adaptation::create_container(self, req).await
+    async fn create_container(&self, req: api::CreateContainerRequest) -> Result<Created, Error> {
+        let (result, report) = Adaptation::create_container_with_report(self, req).await;
+        result.map(|response| Created { response, report })
     }
     async fn post_create_container(&self, pod: &api::PodSandbox, c: &api::Container) -> Result<(), Error> {
         Adaptation::post_create_container(self, pod, c).await
@@ -192,8 +204,8 @@ impl Nri for NoNri {
     async fn remove_pod_sandbox(&self, _: &api::PodSandbox) -> Result<(), Error> {
         Ok(())
     }
-    async fn create_container(&self, _: api::CreateContainerRequest) -> Result<api::CreateContainerResponse, Error> {
-        Ok(api::CreateContainerResponse::new())
+    async fn create_container(&self, _: api::CreateContainerRequest) -> Result<Created, Error> {
+        Ok(Created::default())
     }
     async fn post_create_container(&self, _: &api::PodSandbox, _: &api::Container) -> Result<(), Error> {
         Ok(())

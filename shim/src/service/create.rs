@@ -21,6 +21,7 @@ use super::{
     process::{Proc, Task},
 };
 use crate::{
+    audit::AuditRecord,
     bundle::{self, Bundle},
     error::Result,
     events::topics,
@@ -107,17 +108,20 @@ impl Service {
             container.image.mut_or_insert_default().name = image.clone();
         }
         let mut updates = Vec::new();
+        let mut audit = None;
         if role != Role::Sandbox {
             // Undone even when a plugin refuses: plugins called before it
             // may hold resources for this container.
             undo.nri_container = Some((pod.clone(), container.clone()));
-            let rsp = nri
+            let created = nri
                 .create_container(api::CreateContainerRequest {
                     pod: MessageField::some(pod.clone()),
                     container: MessageField::some(container.clone()),
                     ..Default::default()
                 })
                 .await?;
+            audit = Some(AuditRecord::new(ns, id, &pod.id, &created.report, &created.response));
+            let rsp = created.response;
             bundle::check_nri_mounts(rsp.adjust.get_or_default())?;
             spec::Adjuster::new()
                 .with_cdi_injector(|s, names| cdi.inject(s, names).map_err(|e| e.to_string()))
@@ -175,6 +179,9 @@ impl Service {
             .as_ref()
             .and_then(|p| p.env().clone())
             .unwrap_or_default();
+        if let Some(audit) = audit {
+            self.keep_audit(&audit);
+        }
         let rootfs_mounts = std::mem::take(&mut undo.mounts);
         *undo = Undo::default();
         Ok(Arc::new(Task {
@@ -221,6 +228,24 @@ impl Service {
             if let Err(e) = self.nri().post_create_container(&pod, &task.nri_container()).await {
                 tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "NRI PostCreateContainer failed");
             }
+        }
+    }
+
+    /// Keeps a created container's audit record and logs, at info, the
+    /// plugins that changed it. A record that cannot be written does not
+    /// fail the create (the container is adjusted and runs): it is logged.
+    fn keep_audit(&self, audit: &AuditRecord) {
+        let changed_by = audit.changed_by();
+        tracing::info!(
+            task = %audit.id,
+            namespace = %audit.namespace,
+            changed_by = ?changed_by,
+            fields = audit.changes.len(),
+            called = audit.plugins.len(),
+            "NRI adjustments applied"
+        );
+        if let Err(e) = audit.write(&self.inner.state_root) {
+            tracing::warn!(task = %audit.id, error = %crate::error::chain(&e), "NRI audit record not kept");
         }
     }
 

@@ -55,6 +55,7 @@ impl Service {
         self.nri_stopped(&task).await;
         self.nri_removed(&task).await;
         self.runner().delete(id, Some(&task.cgroups_path)).await?;
+        crate::audit::AuditRecord::remove(&self.inner.state_root, ns, id);
         bundle::unmount_all(&task.rootfs_mounts);
         self.inner.tasks.remove(ns, id);
         self.nri_pod_removed(&task).await;

@@ -233,7 +233,7 @@ impl Nri for FakeNri {
     async fn create_container(
         &self,
         req: api::CreateContainerRequest,
-    ) -> std::result::Result<api::CreateContainerResponse, NriError> {
+    ) -> std::result::Result<crate::nri::Created, NriError> {
         self.log("CreateContainer", &req.container.name);
         if *self.refuse_create.lock().unwrap() {
             return Err(NriError::NotRunning);
@@ -250,7 +250,26 @@ impl Nri for FakeNri {
                 ..Default::default()
             });
         }
-        Ok(rsp)
+        // As the adaptation reports it: plugin 10-test set FROM_NRI.
+        let mut owners = api::OwningPlugins::new();
+        owners
+            .owners
+            .entry(req.container.id.clone())
+            .or_default()
+            .compound
+            .entry(api::Field::Env as i32)
+            .or_default()
+            .owners
+            .insert("FROM_NRI".into(), "10-test".into());
+        let report = nri_adaptation::CreateReport {
+            plugins: vec![nri_adaptation::PluginResponse {
+                plugin: "10-test".into(),
+                response: Some(rsp.clone()),
+                error: None,
+            }],
+            owners: Some(owners),
+        };
+        Ok(crate::nri::Created { response: rsp, report })
     }
     async fn post_create_container(
         &self,
@@ -687,6 +706,34 @@ async fn a_refused_create_leaves_nothing_and_the_id_is_free_again() {
     assert!(f.sink.topics().is_empty());
     *f.nri.refuse_create.lock().unwrap() = false;
     f.create("c1", &[]).await.unwrap();
+}
+
+/// The audit trail: a created container's record names the plugin that
+/// set each field; a failed create leaves none; delete removes it.
+#[tokio::test]
+async fn the_audit_record_lives_as_long_as_the_task() {
+    let f = Fixture::new();
+    let record = f.dir.path().join("state/audit").join(NS).join("c1.json");
+    *f.runner.fail_create.lock().unwrap() = Some(ShimError::InvalidArgument("bad spec".into()));
+    f.create("c1", &[]).await.unwrap_err();
+    assert!(!record.exists(), "a failed create keeps no record");
+    *f.runner.fail_create.lock().unwrap() = None;
+    f.create("c1", &[]).await.unwrap();
+    // The test's daemon directory is `state`, under the state root f.dir.
+    let found = crate::audit::AuditRecord::find(f.dir.path(), Some(NS), "c1").unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let (path, r) = &found[0];
+    assert_eq!(path, &record);
+    assert_eq!(r.changed_by(), ["10-test"]);
+    assert_eq!(
+        (r.changes[0].field.as_str(), r.changes[0].key.as_deref()),
+        ("Env", Some("FROM_NRI"))
+    );
+    f.service.start(NS, "c1", "").await.unwrap();
+    f.service.kill(NS, "c1", "", libc::SIGKILL as u32, false).await.unwrap();
+    f.service.wait(NS, "c1", "").await.unwrap();
+    f.service.delete(NS, "c1", "").await.unwrap();
+    assert!(!record.exists(), "deleted with the task");
 }
 
 #[tokio::test]
