@@ -7,16 +7,12 @@ use std::{
 
 use nri_adaptation::{Adaptation, CreateReport, RuntimeState, api, convert, spec};
 use nri_proto::sync::lock;
-use protobuf::{MessageField, MessageFull};
+use protobuf::MessageField;
 use serde_json::{Value, json};
 
 use crate::scenario::{Loaded, Step};
 
-/// A message as JSON (protobuf JSON mapping).
-pub fn to_json<M: MessageFull>(m: &M) -> Value {
-    let text = protobuf_json_mapping::print_to_string(m).unwrap_or_else(|_| "null".into());
-    serde_json::from_str(&text).unwrap_or(Value::Null)
-}
+pub use nri_adaptation::convert::to_json;
 
 /// What a runtime hosting the replay knows: pods run and containers
 /// created so far, and the updates plugins asked for.
@@ -76,7 +72,9 @@ pub fn runtime_builder(
         })
 }
 
-fn report_json(r: &CreateReport) -> (Value, Value) {
+/// Each plugin's answer, and who set or removed which field of container
+/// `id` by NRI field name (the raw owners message keys fields by number).
+fn report_json(r: &CreateReport, id: &str) -> (Value, Value) {
     let plugins = r
         .plugins
         .iter()
@@ -92,8 +90,8 @@ fn report_json(r: &CreateReport) -> (Value, Value) {
             v
         })
         .collect();
-    let owners = r.owners.as_ref().map(to_json).unwrap_or(Value::Null);
-    (Value::Array(plugins), owners)
+    let changes = serde_json::to_value(r.changes(id)).unwrap_or(Value::Null);
+    (Value::Array(plugins), changes)
 }
 
 /// Replays every step; returns one output line per step (plus lines for
@@ -178,9 +176,9 @@ async fn run_step(
                 ..Default::default()
             };
             let (result, report) = nri.create_container_with_report(req).await;
-            let (plugins, owners) = report_json(&report);
+            let (plugins, changes) = report_json(&report, &ctr.id);
             line["plugins"] = plugins;
-            line["owners"] = owners;
+            line["changes"] = changes;
             let rsp = result.map_err(e)?;
             line["adjust"] = to_json(rsp.adjust.get_or_default());
             line["update"] = Value::Array(rsp.update.iter().map(to_json).collect());

@@ -177,6 +177,18 @@ fn preinstalled_plugin_adjusts_the_spec_and_every_step_succeeds() {
             .any(|m| m["destination"] == "/opt/nri")
     );
     assert_eq!(create["plugins"][0]["plugin"], "10-adjuster");
+    // Who set what, by NRI field name (not the owners message's numbers).
+    let changes = create["changes"].as_array().unwrap();
+    assert!(
+        changes
+            .iter()
+            .any(|c| c["field"] == "Annotations" && c["key"] == "adjusted-by" && c["plugin"] == "10-adjuster"),
+        "{changes:?}"
+    );
+    assert!(
+        changes.iter().any(|c| c["field"] == "MemLimit" && c["key"].is_null()),
+        "{changes:?}"
+    );
     // The NRI-object container has no spec to print but is adjusted too.
     let c2 = l
         .iter()
