@@ -745,7 +745,7 @@ async fn pod_network_and_host_network() {
 // NRI: only nri-shim runs plugins (containerd 1.6 has no NRI of its own)
 
 /// (the init's view from the log, an exec's view) of the adjuster's env var.
-async fn nri_env(cri: &Cri, h: &'static str) -> (Vec<String>, String) {
+async fn nri_env(cri: &Cri, h: &'static str) -> (Vec<String>, String, Vec<String>) {
     let (mut c, pod, cfg) = pod(cri, "nri", NRI_NAMESPACE, h, |_| {}).await;
     let probe = format!("echo VAR=${}", NRI_ENV.0);
     let id = running(
@@ -757,8 +757,24 @@ async fn nri_env(cri: &Cri, h: &'static str) -> (Vec<String>, String) {
     .await;
     let init = log_with(&cfg, "c", "VAR=").await;
     let exec = c.sh(&id, &probe).await;
+    let audit = inspect_rows(cri, &id);
     c.remove_pod(&pod).await;
-    (init, exec)
+    (init, exec, audit)
+}
+
+/// The `Env` rows of `inspect -namespace k8s.io <id>` (the audit trail),
+/// as `FIELD KEY PLUGIN`; empty when there is no record (runc's).
+fn inspect_rows(cri: &Cri, id: &str) -> Vec<String> {
+    let out = std::process::Command::new(integration::containerd::workspace_bin("containerd-shim-nri-shim-v2"))
+        .env("NRI_SHIM_CONFIG", cri.dir.join("shim.toml"))
+        .args(["inspect", "-namespace", "k8s.io", id])
+        .output()
+        .expect("run inspect");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("Env "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
 }
 
 #[tokio::test]
@@ -767,7 +783,7 @@ async fn nri_adjustment_is_visible_with_nri_shim_only() {
     let (runc, nri) = both(|h| nri_env(cri, h)).await;
     println!("NRI env var (init log, exec)\n  runc:     {runc:?}\n  nri-shim: {nri:?}");
     assert_eq!(
-        runc,
+        (runc.0.clone(), runc.1.clone()),
         (vec!["stdout F VAR=".to_string()], "VAR=\n".to_string()),
         "runc has no NRI on 1.6"
     );
@@ -781,6 +797,16 @@ async fn nri_adjustment_is_visible_with_nri_shim_only() {
         nri.1,
         format!("{want}\n"),
         "nri-shim: an exec lacks the adjuster's env var"
+    );
+    assert!(
+        runc.2.is_empty(),
+        "runc's containers have no NRI audit record: {:?}",
+        runc.2
+    );
+    assert_eq!(
+        nri.2,
+        [format!("Env {} 10-adjuster", NRI_ENV.0)],
+        "nri-shim: inspect names the plugin that set the env var"
     );
 }
 
