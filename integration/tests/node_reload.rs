@@ -216,6 +216,9 @@ fn plugin_path_changes_are_picked_up_without_a_signal() {
 
     run(&c, "dir-c2");
     assert_eq!(c.shim_daemon_pid(), Some(pid), "the same daemon serves c2");
+    let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
+    assert!(!argv.contains(" -id "), "the daemon's argv names no task: {argv}");
     let creates = |p: &str| -> Vec<String> { log.of(p, "CreateContainer").into_iter().map(|l| l.container).collect() };
     assert_eq!(creates("20-b"), ["dir-c2"]);
     assert_eq!(creates("10-a"), ["dir-c1"]);

@@ -135,8 +135,11 @@ fn spawn_daemon(
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("startup pipe")?;
     let write_fd = std::os::fd::AsRawFd::as_raw_fd(&write);
     let mut cmd = std::process::Command::new(exe);
+    // No `-id`: the daemon serves every task of this containerd, and the
+    // first one's id in its argv (ps, top) would name a container that may
+    // be long gone.
     cmd.args(["-namespace", &flags.namespace, "-address", &flags.address])
-        .args(["-publish-binary", &flags.publish_binary, "-id", &flags.id])
+        .args(["-publish-binary", &flags.publish_binary])
         .arg("daemon")
         .env(READY_FD_ENV, READY_FD.to_string())
         .current_dir("/")
@@ -412,7 +415,7 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     // Targets, not EnvFilter: no regex engine in the resident daemon. The
     // filter was checked when the config was loaded.
-    let filter: tracing_subscriber::filter::Targets = config.shim.log_level.parse().unwrap_or_default();
+    let filter = log_filter(&config.shim.log_level).unwrap_or_default();
     // Behind a reload handle: SIGHUP may change the level.
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let _ = tracing_subscriber::fmt()
@@ -423,12 +426,26 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
         .with(filter)
         .try_init();
     let set_log_level = move |level: &str| -> anyhow::Result<()> {
-        let targets: tracing_subscriber::filter::Targets = level.parse()?;
-        handle.reload(targets)?;
+        handle.reload(log_filter(level)?)?;
         Ok(())
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(serve(flags, config, dir, ready, &set_log_level))
+}
+
+/// The daemon's log filter for a `[shim] log_level` value. libcgroups
+/// announces its manager at info and warns about every cgroup v1
+/// controller the host lacks (hugetlb, perf_event, ...) each time the
+/// daemon opens a container's cgroups (every exit and delete): not news,
+/// so those targets are quieted unless the value names libcgroups itself.
+///
+/// # Errors
+/// A value that is not a `tracing` targets filter.
+pub fn log_filter(level: &str) -> Result<tracing_subscriber::filter::Targets, tracing_subscriber::filter::ParseError> {
+    if level.contains("libcgroups") {
+        return level.parse();
+    }
+    format!("{level},libcgroups::common=warn,libcgroups::v1::manager=error,libcgroups::v2::util=error").parse()
 }
 
 /// Sets the log filter (a `[shim] log_level` value) of the running daemon.
@@ -719,4 +736,21 @@ fn build_adaptation(
         })
         .build()
         .context("configure NRI")
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing::Level;
+
+    #[test]
+    fn libcgroups_noise_is_quieted_unless_the_level_names_it() {
+        let f = super::log_filter("info").unwrap();
+        assert!(f.would_enable("nri_shim::service::exit", &Level::INFO));
+        assert!(!f.would_enable("libcgroups::v1::manager", &Level::WARN));
+        assert!(f.would_enable("libcgroups::v1::manager", &Level::ERROR));
+        assert!(!f.would_enable("libcgroups::common", &Level::INFO));
+        assert!(f.would_enable("libcgroups::common", &Level::WARN));
+        let f = super::log_filter("info,libcgroups=debug").unwrap();
+        assert!(f.would_enable("libcgroups::v1::manager", &Level::DEBUG));
+    }
 }
