@@ -62,7 +62,7 @@ impl StubHandle {
             .runtime
             .update_containers(ctx, &req)
             .await
-            .map_err(StubError::Update)?;
+            .map_err(|e| StubError::Update(crate::RpcError(e)))?;
         Ok(rsp.failed)
     }
 

@@ -119,7 +119,7 @@ pub enum StubError {
         /// `IDX-NAME` of this plugin.
         plugin: String,
         /// The ttrpc error.
-        source: ttrpc::Error,
+        source: RpcError,
     },
     /// The runtime did not configure the plugin, or the configure handler failed.
     #[error("plugin {plugin} was not configured: {reason}")]
@@ -134,5 +134,50 @@ pub enum StubError {
     ConnectionClosed,
     /// An UpdateContainers request failed.
     #[error("UpdateContainers failed")]
-    Update(#[source] ttrpc::Error),
+    Update(#[source] RpcError),
+}
+
+/// A ttrpc error as a person reads it: a status the runtime answered is
+/// `CODE: message` (`INVALID_ARGUMENT: plugin 10-a is already
+/// registered`); ttrpc's own text for it is the status struct, protobuf
+/// internals included. Other errors keep ttrpc's text.
+#[derive(Debug)]
+pub struct RpcError(pub ttrpc::Error);
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            ttrpc::Error::RpcStatus(s) => write!(f, "{:?}: {}", s.code(), s.message()),
+            e => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for RpcError {}
+
+#[cfg(test)]
+mod rpc_error_tests {
+    use super::*;
+
+    #[test]
+    fn a_status_reads_as_code_and_message() {
+        let e = RpcError(ttrpc::Error::RpcStatus(ttrpc::get_status(
+            ttrpc::Code::INVALID_ARGUMENT,
+            "plugin 10-a is already registered",
+        )));
+        assert_eq!(e.to_string(), "INVALID_ARGUMENT: plugin 10-a is already registered");
+        let e = StubError::Register {
+            plugin: "10-a".into(),
+            source: e,
+        };
+        let chain = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(": ");
+        assert!(!chain.contains("special_fields"), "{chain}");
+        assert_eq!(
+            RpcError(ttrpc::Error::LocalClosed).to_string(),
+            ttrpc::Error::LocalClosed.to_string()
+        );
+    }
 }

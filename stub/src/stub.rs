@@ -132,7 +132,7 @@ impl Stub {
             let _ = server.shutdown().await;
             return Err(StubError::Register {
                 plugin: qualified,
-                source,
+                source: crate::RpcError(source),
             });
         }
         tracing::info!(plugin = %qualified, "registered with the runtime");
