@@ -149,7 +149,8 @@ fn c_exit_code_of_the_container_reaches_ctr() {
 
 #[test]
 fn d_conflicting_plugins_fail_the_run_and_leave_nothing() {
-    let log = EventLog::new(std::env::temp_dir().join(format!("nri-conflict-{}.jsonl", std::process::id())));
+    let logs = tempfile::tempdir().unwrap();
+    let log = EventLog::new(logs.path().join("events.jsonl"));
     let conf = |v: &str| {
         recording(
             &log,

@@ -2,6 +2,8 @@
 //! Debian's busybox-static), driven through `Service` with an in-memory
 //! event sink and a real NRI adaptation with an in-process recording plugin.
 
+mod common;
+
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -140,6 +142,7 @@ struct Fixture {
 
 impl Fixture {
     async fn new() -> Fixture {
+        common::remove_cgroup_at_exit("nri-shim-test");
         // As the daemon: container processes re-parent to us when helpers exit.
         nri_shim::monitor::set_subreaper().unwrap();
         // The tests' shared parent cgroup exists before any create: on

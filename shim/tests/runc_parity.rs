@@ -8,6 +8,8 @@
 //! install. Every container, mount and cgroup a test makes is removed
 //! by guards, also when an assertion fails.
 
+mod common;
+
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -97,6 +99,7 @@ fn spec(name: &str, args: &[&str]) -> Value {
 }
 
 fn cgroups_path(name: &str) -> String {
+    common::remove_cgroup_at_exit("nri-shim-parity");
     format!("/nri-shim-parity/{}-{name}", std::process::id())
 }
 
