@@ -139,3 +139,38 @@ async fn crashing_preinstalled_plugin_is_reported_with_exit_status_or_signal() {
         assert!(lines.iter().any(|l| l.contains(text)), "{text}: {lines:#?}");
     }
 }
+
+/// A pre-installed plugin whose Configure handler fails is reported with
+/// the handler's own message, every time: the stub closed its connection
+/// as soon as the handler failed, and the runtime sometimes read the
+/// closure before the error reply ("configure failed: connection closed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configure_error_reaches_the_runtime_log_20_of_20() {
+    let mut lost = Vec::new();
+    for i in 0..20 {
+        let rt = runtime();
+        let plugins = rt.dir.path().join("plugins");
+        install_plugin(
+            test_plugin_bin!(),
+            &plugins,
+            &rt.dir.path().join("conf.d"),
+            "40-no-gpu",
+            &Behaviour {
+                fail: [("Configure".to_string(), "no GPU found on this node".to_string())].into(),
+                ..Default::default()
+            },
+        );
+        rt.nri.start().await.unwrap();
+        assert!(rt.nri.plugin_names().is_empty(), "{:?}", rt.nri.plugin_names());
+        rt.nri.stop().await;
+        let lines = lines_with(&plugins.join("40-no-gpu").display().to_string());
+        if !lines.iter().any(|l| l.contains("no GPU found on this node")) {
+            lost.push((i, lines));
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "the plugin's message was lost in {} of 20 runs: {lost:#?}",
+        lost.len()
+    );
+}

@@ -144,6 +144,12 @@ impl Stub {
         let info = match configured {
             Some(Ok(info)) => info,
             Some(Err(reason)) => {
+                // The hook runs before the error reply is written: closing
+                // now could reach the runtime first, which would then log
+                // "connection closed" instead of the handler's message. The
+                // runtime closes on a failed Configure; wait for that
+                // (bounded), then close.
+                let _ = tokio::time::timeout(Duration::from_secs(1), mux.closed()).await;
                 mux.close();
                 let _ = server.shutdown().await;
                 return Err(StubError::Configure {
