@@ -264,7 +264,12 @@ impl MemorySink {
 
     /// Waits until an event with `topic` exists (10 s deadline).
     pub async fn wait_topic(&self, topic: &str) -> bool {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        self.wait_topic_for(topic, Duration::from_secs(10)).await
+    }
+
+    /// Waits until an event with `topic` exists, at most `within`.
+    pub async fn wait_topic_for(&self, topic: &str, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
