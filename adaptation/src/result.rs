@@ -6,7 +6,7 @@
 //! container as earlier plugins changed it. The first conflict aborts the
 //! whole request: the caller gets the error and nothing partial.
 //!
-//! Conflict rules (section 3 of the NRI runtime semantics):
+//! Conflict rules (upstream NRI's, as its adaptation applies them):
 //! * every adjustable field (or key of a keyed field) has at most one owner;
 //!   a second plugin setting it conflicts: `plugins "B" and "A" both tried
 //!   to set <Field>[ <key>]`, newer plugin first;

@@ -1,5 +1,5 @@
-//! Merge rules per field (table 2.2 of the NRI runtime semantics), conflicts,
-//! take-overs, update merging, and the CASES.md merge cases.
+//! Merge rules per field (how each adjustment field is merged), conflicts,
+//! take-overs, update merging, and the numbered merge cases (`rNN_` tests).
 
 use protobuf::MessageField;
 

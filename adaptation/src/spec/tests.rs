@@ -1,4 +1,4 @@
-//! adjust()/update() per field, the CASES.md spec cases, and properties.
+//! adjust()/update() per field, the numbered spec cases (`rNN_` tests), and properties.
 
 use oci_spec::runtime::{Hook, Hooks, LinuxNamespaceType, LinuxResources};
 use proptest::prelude::*;
