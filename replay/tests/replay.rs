@@ -338,3 +338,46 @@ fn a_file_at_the_socket_path_is_refused_and_kept() {
     assert_eq!(err.matches("already exists").count(), 1, "a cause repeated: {err}");
     assert_eq!(std::fs::read_to_string(&f).unwrap(), "precious");
 }
+
+/// The template plugin a new author copies (plugins/template) runs as a
+/// pre-installed plugin under nri-replay, as the README's "Writing a
+/// plugin" shows: its drop-in configuration names the env var it adds.
+#[test]
+fn the_template_plugin_adjusts_under_nri_replay() {
+    let template = Path::new(REPLAY).with_file_name("nri-plugin-template");
+    assert!(
+        template.exists(),
+        "{} is missing: cargo test --workspace builds it",
+        template.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, conf) = (dir.path().join("plugins"), dir.path().join("conf.d"));
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::copy(&template, plugins.join("50-template")).unwrap();
+    std::fs::write(conf.join("50-template.conf"), "GREETING=hello\n").unwrap();
+    let out = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.path().join("nri.sock"))
+        .arg("--plugin-path")
+        .arg(&plugins)
+        .arg("--plugin-config-path")
+        .arg(&conf)
+        .args(["--wait-plugins", "1"])
+        .arg(testdata("scenarios/basic.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let l = lines(&out);
+    let create = l
+        .iter()
+        .find(|x| x["action"] == "create_container" && x["target"] == "c1")
+        .unwrap();
+    assert_eq!(create["adjust"]["env"][0]["key"], "GREETING", "{create:#}");
+    assert_eq!(create["adjust"]["env"][0]["value"], "hello");
+    assert_eq!(
+        create["adjust"]["annotations"]["example.com/seen-by"],
+        "nri-plugin-template"
+    );
+    assert_eq!(create["changes"][0]["plugin"], "50-template", "{create:#}");
+}

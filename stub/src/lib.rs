@@ -57,6 +57,10 @@ use std::path::PathBuf;
 pub use async_trait::async_trait;
 pub use nri_proto::{api, events::EventMask};
 use nri_proto::{mux::MuxError, naming::NamingError};
+/// The protobuf runtime of the [`api`] types, so a plugin needs no
+/// dependency of its own: [`MessageField`] is how optional sub-messages
+/// (`rsp.adjust`, `adjust.linux`, `resources.memory`, ...) are set.
+pub use protobuf::{self, MessageField};
 
 /// The plugin trait and its error type live in [`nri_proto::plugin`], shared
 /// with runtimes that call in-process plugins through the same adapter.
