@@ -35,8 +35,15 @@ async fn stream(url: &str, input: &[(u8, &[u8])], until: Option<&str>) -> Stream
     let (mut tx, mut rx) = ws.split();
     let input: Vec<(u8, Vec<u8>)> = input.iter().map(|(c, b)| (*c, b.to_vec())).collect();
     let writer = tokio::spawn(async move {
+        let mut after_resize = false;
         for (chan, bytes) in input {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // A resize (channel 4) reaches the shim over ttrpc, typed input
+            // over the stdin fifo: under load the input overtook it (for
+            // nri-shim, once, with two builds sharing the 2 cores) and
+            // `stty size` printed the old size. Give a resize longer.
+            let gap = if after_resize { 1000 } else { 200 };
+            tokio::time::sleep(Duration::from_millis(gap)).await;
+            after_resize = chan == 4;
             let mut msg = vec![chan];
             msg.extend_from_slice(&bytes);
             if tx.send(Message::binary(msg)).await.is_err() {
