@@ -11,6 +11,7 @@ use crate::{
     config::{FailurePolicy, Options},
     error::{BoxError, Error},
     observe::Observer,
+    permissions::Permissions,
 };
 
 /// Builds an [`Adaptation`]; see [`Adaptation::builder`].
@@ -166,6 +167,28 @@ impl AdaptationBuilder {
     /// Failure policy of plugins without their own.
     pub fn with_default_failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.opts.default_failure_policy = policy;
+        self
+    }
+
+    /// What one plugin, by `NAME` or `IDX-NAME`, may change (see
+    /// [`crate::permissions`]).
+    ///
+    /// ```
+    /// use nri_adaptation::{Adaptation, FieldGroup, Permissions};
+    /// let b = Adaptation::builder("rt", "1")
+    ///     .with_plugin_permissions("10-pinner", Permissions::allowing([FieldGroup::Cpu, FieldGroup::Memory]))
+    ///     .with_default_permissions(Permissions::allowing([]));
+    /// # let _ = b;
+    /// ```
+    pub fn with_plugin_permissions(mut self, plugin: impl Into<String>, permissions: Permissions) -> Self {
+        self.opts.plugin_permissions.insert(plugin.into(), permissions);
+        self
+    }
+
+    /// What plugins without permissions of their own may change (default:
+    /// anything).
+    pub fn with_default_permissions(mut self, permissions: Permissions) -> Self {
+        self.opts.default_permissions = Some(permissions);
         self
     }
 
