@@ -131,8 +131,9 @@ impl AdaptationBuilder {
     }
 
     /// Tells `observer` about every plugin request (its latency and
-    /// outcome) and every plugin answer refused for a conflict or by a
-    /// validator, e.g. for metrics. Default: nobody is told.
+    /// outcome) and every plugin answer refused for a conflict, by a
+    /// validator or for a field outside the plugin's permissions, e.g. for
+    /// metrics. Default: nobody is told.
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
         self
