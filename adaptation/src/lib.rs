@@ -44,7 +44,8 @@
 //! and from then on describe the container to plugins as the adjusted spec
 //! says. `update` lists changes to *other* containers that plugins made
 //! room with: apply them like any resource update. On error, do not run the
-//! container: the error names the plugin, the conflicting field or the
+//! container: the error names the plugin, the conflicting field, the
+//! field outside a plugin's permissions ([`Error::Permission`]) or the
 //! validator ([`Error::Validation`] tells a rejection from a validator
 //! that gave no verdict).
 //!

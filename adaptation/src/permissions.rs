@@ -1,6 +1,6 @@
 //! Per-plugin permissions: which fields of a container a plugin may change.
 //!
-//! NRI has no notion of this: any process that reaches the socket (or any
+//! Upstream NRI has no notion of this: any process that reaches the socket (or any
 //! file in the plugin directory) may change anything the protocol can
 //! express, from an environment variable to the seccomp profile or the
 //! namespaces. With [`Options::plugin_permissions`](crate::Options::plugin_permissions)
@@ -25,7 +25,7 @@
 //!
 //! A violation refuses the plugin's whole answer (nothing of it is merged,
 //! no eviction of it delivered); the plugin's
-//! [`FailurePolicy`](crate::FailurePolicy) decides whether the runtime's
+//! [`FailurePolicy`] decides whether the runtime's
 //! request fails (`fail`) or goes on without that answer (`ignore`, logged
 //! as a warning). A Synchronize answer refused under `fail` is a failed
 //! synchronization (the plugin is closed); an unsolicited UpdateContainers
