@@ -9,7 +9,7 @@ use std::{
 };
 
 use integration::{
-    Behaviour,
+    Behaviour, cgroup,
     containerd::{Containerd, Setup, output_text as text, workspace_bin},
 };
 
@@ -66,9 +66,11 @@ fn a_plugin_outside_its_permissions_fails_the_create_under_fail() {
         assert!(!out.status.success(), "attempt {attempt}: {msg}");
         assert!(msg.contains(REFUSED), "attempt {attempt}: {msg}\n{}", c.shim_log());
         assert!(!msg.contains("already exists"), "attempt {attempt}: {msg}");
-        // Nothing left behind: no task, no libcontainer state.
+        // Nothing left behind: no task, no libcontainer state, no cgroup.
         assert!(!text(&c.ctr(&["t", "ls"])).contains("perm-f1"));
         assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+        let cgroups = cgroup::dirs("/default/perm-f1");
+        assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
         let _ = c.ctr(&["c", "rm", "perm-f1"]);
     }
 }
