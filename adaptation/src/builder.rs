@@ -11,6 +11,7 @@ use crate::{
     config::{FailurePolicy, Options},
     error::{BoxError, Error},
     observe::Observer,
+    permissions::Permissions,
 };
 
 /// Builds an [`Adaptation`]; see [`Adaptation::builder`].
@@ -130,8 +131,9 @@ impl AdaptationBuilder {
     }
 
     /// Tells `observer` about every plugin request (its latency and
-    /// outcome) and every plugin answer refused for a conflict or by a
-    /// validator, e.g. for metrics. Default: nobody is told.
+    /// outcome) and every plugin answer refused for a conflict, by a
+    /// validator or for a field outside the plugin's permissions, e.g. for
+    /// metrics. Default: nobody is told.
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
         self
@@ -166,6 +168,28 @@ impl AdaptationBuilder {
     /// Failure policy of plugins without their own.
     pub fn with_default_failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.opts.default_failure_policy = policy;
+        self
+    }
+
+    /// What one plugin, by `NAME` or `IDX-NAME`, may change (see
+    /// [`crate::permissions`]).
+    ///
+    /// ```
+    /// use nri_adaptation::{Adaptation, FieldGroup, Permissions};
+    /// let b = Adaptation::builder("rt", "1")
+    ///     .with_plugin_permissions("10-pinner", Permissions::allowing([FieldGroup::Cpu, FieldGroup::Memory]))
+    ///     .with_default_permissions(Permissions::allowing([]));
+    /// # let _ = b;
+    /// ```
+    pub fn with_plugin_permissions(mut self, plugin: impl Into<String>, permissions: Permissions) -> Self {
+        self.opts.plugin_permissions.insert(plugin.into(), permissions);
+        self
+    }
+
+    /// What plugins without permissions of their own may change (default:
+    /// anything).
+    pub fn with_default_permissions(mut self, permissions: Permissions) -> Self {
+        self.opts.default_permissions = Some(permissions);
         self
     }
 

@@ -2,7 +2,7 @@
 
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 
-use crate::validate::DefaultValidatorConfig;
+use crate::{permissions::Permissions, validate::DefaultValidatorConfig};
 
 /// What happens to a runtime request when a plugin does not answer in time
 /// or its connection breaks while the request is in flight.
@@ -49,6 +49,13 @@ pub struct Options {
     pub failure_policies: HashMap<String, FailurePolicy>,
     /// The built-in default validator; runs when `enable` is set.
     pub default_validator: DefaultValidatorConfig,
+    /// What plugins not listed in `plugin_permissions` may change; `None`
+    /// (the default, = upstream NRI): anything.
+    pub default_permissions: Option<Permissions>,
+    /// What each plugin may change, keyed by `NAME` or `IDX-NAME` (the
+    /// latter wins); see [`crate::permissions`]. Read at every request, so
+    /// a change applies to connected plugins at once.
+    pub plugin_permissions: HashMap<String, Permissions>,
 }
 
 impl Default for Options {
@@ -63,6 +70,8 @@ impl Default for Options {
             default_failure_policy: FailurePolicy::Ignore,
             failure_policies: HashMap::new(),
             default_validator: DefaultValidatorConfig::default(),
+            default_permissions: None,
+            plugin_permissions: HashMap::new(),
         }
     }
 }
@@ -75,6 +84,23 @@ impl Options {
             .or_else(|| self.failure_policies.get(base))
             .copied()
             .unwrap_or(self.default_failure_policy)
+    }
+
+    /// The permissions of plugin `plugin` (`IDX-NAME`): its `IDX-NAME`
+    /// entry, else its `NAME` entry, else the default; `None`: unrestricted.
+    pub fn permissions(&self, plugin: &str) -> Option<&Permissions> {
+        if self.plugin_permissions.is_empty() {
+            // Unconfigured (the common case): no hashing on the request path.
+            return self.default_permissions.as_ref();
+        }
+        self.plugin_permissions
+            .get(plugin)
+            .or_else(|| {
+                // An index is digits only, so the name starts after the first '-'.
+                let (_, base) = plugin.split_once('-')?;
+                self.plugin_permissions.get(base)
+            })
+            .or(self.default_permissions.as_ref())
     }
 }
 
@@ -93,5 +119,28 @@ mod tests {
         assert_eq!(o.failure_policy("20", "a"), FailurePolicy::Fail);
         o.default_failure_policy = FailurePolicy::Fail;
         assert_eq!(o.failure_policy("30", "b"), FailurePolicy::Fail);
+    }
+
+    #[test]
+    fn permissions_lookup_is_qualified_name_then_name_then_default() {
+        use crate::permissions::FieldGroup;
+        let only = |g| Permissions::allowing([g]);
+        let mut o = Options::default();
+        assert_eq!(o.permissions("10-a"), None, "no entries: unrestricted");
+        o.plugin_permissions.insert("a".into(), only(FieldGroup::Env));
+        assert_eq!(o.permissions("10-a"), Some(&only(FieldGroup::Env)));
+        assert_eq!(o.permissions("20-a"), Some(&only(FieldGroup::Env)));
+        assert_eq!(o.permissions("10-b"), None, "unlisted without default: unrestricted");
+        o.plugin_permissions.insert("10-a".into(), only(FieldGroup::Cpu));
+        assert_eq!(o.permissions("10-a"), Some(&only(FieldGroup::Cpu)));
+        assert_eq!(o.permissions("20-a"), Some(&only(FieldGroup::Env)));
+        o.default_permissions = Some(only(FieldGroup::Mounts));
+        assert_eq!(o.permissions("10-b"), Some(&only(FieldGroup::Mounts)));
+        assert_eq!(o.permissions("10-a"), Some(&only(FieldGroup::Cpu)));
+        // A name with dashes: only the index is split off.
+        o.plugin_permissions
+            .insert("cpu-pinner".into(), only(FieldGroup::Memory));
+        assert_eq!(o.permissions("10-cpu-pinner"), Some(&only(FieldGroup::Memory)));
+        assert_eq!(o.permissions("10-pinner"), Some(&only(FieldGroup::Mounts)));
     }
 }

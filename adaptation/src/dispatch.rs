@@ -15,6 +15,7 @@ use crate::{
     config::{FailurePolicy, Options},
     error::{Error, PluginError, ValidationError},
     observe::Rejection,
+    permissions::{self, PermissionError, Permissions},
     plugin::Plugin,
     registry::Registry,
     result::{CreateResult, UpdateResult},
@@ -26,9 +27,11 @@ use crate::{
 pub struct PluginResponse {
     /// `IDX-NAME`.
     pub plugin: String,
-    /// Its response, if it answered.
+    /// Its response, if it answered (as sent, also when refused).
     pub response: Option<api::CreateContainerResponse>,
-    /// Why it did not, if it failed.
+    /// Why it did not answer, if it failed; or why its answer was refused
+    /// (`answer refused: plugin ... may not adjust ...`, see
+    /// [`crate::permissions`]) and so not merged.
     pub error: Option<String>,
 }
 
@@ -229,6 +232,22 @@ impl Dispatch<'_> {
         r
     }
 
+    /// Checks `p`'s answer with `check` against its permissions (those of
+    /// the options this request took); `None` when it may be merged.
+    fn refused(
+        &self,
+        p: &Plugin,
+        check: impl FnOnce(&Permissions) -> Result<(), PermissionError>,
+    ) -> Option<PermissionError> {
+        self.opts.permissions(p.name()).and_then(|perms| check(perms).err())
+    }
+
+    /// A refused answer of `p` to `event`: the request fails (policy
+    /// `fail`) or goes on without it (`ignore`); see [`permissions::refuse`].
+    fn refuse(&self, p: &Plugin, event: Event, e: PermissionError) -> Result<(), Error> {
+        Ok(permissions::refuse(self.callbacks, p.policy, event_name(event), e)?)
+    }
+
     /// The subscribers of `event`, in invocation order.
     fn subscribers(&self, event: Event) -> impl Iterator<Item = Arc<Plugin>> {
         self.registry
@@ -262,11 +281,14 @@ impl Dispatch<'_> {
         Ok(())
     }
 
-    /// CreateContainer: each subscriber's adjustment merged in order, then
-    /// the merged result validated; also the container as the plugins
-    /// adjusted it. `report` records each answer and the
-    /// field owners; `evictions` collects the evictions of every reply,
-    /// also when the request fails (they concern other containers).
+    /// CreateContainer: each subscriber's adjustment checked against its
+    /// permissions and merged in order, then the merged result validated;
+    /// also the container as the plugins adjusted it. `report` records each
+    /// answer (as sent, with the reason when it was refused) and the field
+    /// owners; `evictions` collects the evictions of every merged reply,
+    /// also when the request fails (they concern other containers). A
+    /// refused answer is not merged, its evictions are not delivered and
+    /// its plugin does not count as present for the required plugins.
     pub async fn create_container(
         &self,
         req: api::CreateContainerRequest,
@@ -285,15 +307,20 @@ impl Dispatch<'_> {
             }
             match p.create_container(result.request()).await {
                 Ok(mut rsp) => {
-                    validation.present(p);
+                    let refused = self.refused(p, |perms| perms.check_create(p.name(), &rsp));
                     // Reported as the plugin answered, evictions included.
                     if let Some(r) = report.as_deref_mut() {
                         r.plugins.push(PluginResponse {
                             plugin: p.name().to_string(),
                             response: Some(rsp.clone()),
-                            error: None,
+                            error: refused.as_ref().map(|e| format!("answer refused: {e}")),
                         });
                     }
+                    if let Some(e) = refused {
+                        self.refuse(p, Event::CREATE_CONTAINER, e)?;
+                        continue;
+                    }
+                    validation.present(p);
                     evictions.add(p.name(), std::mem::take(&mut rsp.evict));
                     let applied = result.apply(p.name(), rsp);
                     if let Some(r) = report.as_deref_mut() {
@@ -327,8 +354,9 @@ impl Dispatch<'_> {
         Ok((done.response, done.container))
     }
 
-    /// UpdateContainer: the subscribers' evictions collected in
-    /// `evictions`, their updates merged.
+    /// UpdateContainer: the subscribers' answers checked against their
+    /// permissions, their evictions collected in `evictions`, their updates
+    /// merged.
     pub async fn update_container(
         &self,
         req: api::UpdateContainerRequest,
@@ -338,6 +366,14 @@ impl Dispatch<'_> {
         for p in self.subscribers(Event::UPDATE_CONTAINER) {
             match p.update_container(result.update_request()).await {
                 Ok(rsp) => {
+                    let refused = self.refused(&p, |perms| {
+                        perms.check_updates(p.name(), &rsp.update)?;
+                        perms.check_evictions(p.name(), &rsp.evict)
+                    });
+                    if let Some(e) = refused {
+                        self.refuse(&p, Event::UPDATE_CONTAINER, e)?;
+                        continue;
+                    }
                     evictions.add(p.name(), rsp.evict);
                     self.conflict(&p, result.apply(p.name(), rsp.update))?;
                 }
@@ -347,12 +383,16 @@ impl Dispatch<'_> {
         Ok(result.into_updates())
     }
 
-    /// StopContainer: the subscribers' updates of other containers merged.
+    /// StopContainer: the subscribers' updates of other containers checked
+    /// against their permissions and merged.
     pub async fn stop_container(&self, req: &api::StopContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
         let mut result = UpdateResult::for_stop();
         for p in self.subscribers(Event::STOP_CONTAINER) {
             match p.stop_container(req).await {
-                Ok(rsp) => self.conflict(&p, result.apply(p.name(), rsp.update))?,
+                Ok(rsp) => match self.refused(&p, |perms| perms.check_updates(p.name(), &rsp.update)) {
+                    Some(e) => self.refuse(&p, Event::STOP_CONTAINER, e)?,
+                    None => self.conflict(&p, result.apply(p.name(), rsp.update))?,
+                },
                 Err(e) => self.failed(&p, Event::STOP_CONTAINER, e).await?,
             }
         }

@@ -124,6 +124,7 @@ impl ValidationError {
 /// | `Validation(ValidationError::Rejected { .. })` | a validator refused the merged adjustment: do not retry the container unchanged |
 /// | `Validation(ValidationError::Failed { source, .. })` | a validator gave no verdict (`source` says why: timeout, transport, ...) |
 /// | `Merge(_)` | plugins' adjustments conflict, or one updated the container being created |
+/// | `Permission(_)` | a plugin with failure policy `fail` touched a field outside its permissions |
 /// | `NotRunning` | the adaptation was stopped |
 ///
 /// A plugin error only fails the runtime's request when the plugin's
@@ -179,6 +180,10 @@ pub enum Error {
     /// A validator rejected or failed the merged adjustment.
     #[error(transparent)]
     Validation(#[from] ValidationError),
+    /// A plugin (failure policy `fail`) touched a field outside its
+    /// permissions; nothing of its answer was applied.
+    #[error(transparent)]
+    Permission(#[from] crate::permissions::PermissionError),
     /// The adaptation was stopped (or never started).
     #[error("NRI adaptation is not running")]
     NotRunning,

@@ -13,10 +13,11 @@
 //! |---|---|
 //! | [`Adaptation`] | start/stop, plugin registry, one async method per lifecycle event |
 //! | [`Options`], [`FailurePolicy`] | socket and plugin paths, timeouts, per-plugin failure policy |
+//! | [`permissions`] | per-plugin permissions: which field groups a plugin may change |
 //! | [`adjust`], [`update`], [`spec::to_oci_resources`] | apply plugins' adjustments and updates to an OCI spec |
 //! | [`convert`] | the plugins' view of a container from its OCI spec |
 //! | [`resources`] | the table of NRI resource fields; [`resources::overlay`] keeps a runtime's NRI view current |
-//! | [`Error`], [`PluginError`], [`ValidationError`], [`MergeError`] | why a request failed, typed where a runtime branches |
+//! | [`Error`], [`PluginError`], [`ValidationError`], [`MergeError`], [`PermissionError`] | why a request failed, typed where a runtime branches |
 //! | [`DefaultValidator`] | the built-in validator |
 //! | [`Observer`] | per plugin request latency and outcome, refused answers (for metrics) |
 //!
@@ -43,7 +44,8 @@
 //! and from then on describe the container to plugins as the adjusted spec
 //! says. `update` lists changes to *other* containers that plugins made
 //! room with: apply them like any resource update. On error, do not run the
-//! container: the error names the plugin, the conflicting field or the
+//! container: the error names the plugin, the conflicting field, the
+//! field outside a plugin's permissions ([`Error::Permission`]) or the
 //! validator ([`Error::Validation`] tells a rejection from a validator
 //! that gave no verdict).
 //!
@@ -144,6 +146,7 @@ mod known;
 mod launch;
 pub mod observe;
 mod owners;
+pub mod permissions;
 mod plugin;
 mod registry;
 pub mod reload;
@@ -163,6 +166,7 @@ pub use error::{BoxError, Error, PluginError, ValidationError};
 pub use launch::is_plugin_process;
 pub use nri_proto::{self, api, events::EventMask};
 pub use observe::{Observer, Outcome, Rejection};
+pub use permissions::{FieldGroup, PermissionError, Permissions};
 pub use plugin::{HandshakeError, PluginOrigin};
 pub use reload::Reconfigured;
 pub use result::MergeError;

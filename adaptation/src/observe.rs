@@ -35,14 +35,19 @@ pub enum Rejection {
     Conflict,
     /// The plugin, as a validator, rejected the merged adjustment.
     Validation,
+    /// It touched a field outside its permissions (see
+    /// [`crate::permissions`]); told whether its failure policy failed the
+    /// request or dropped the answer.
+    Permission,
 }
 
 impl Rejection {
-    /// `conflict` or `validation`.
+    /// `conflict`, `validation` or `permission`.
     pub fn as_str(self) -> &'static str {
         match self {
             Rejection::Conflict => "conflict",
             Rejection::Validation => "validation",
+            Rejection::Permission => "permission",
         }
     }
 }
@@ -58,6 +63,8 @@ pub trait Observer: Send + Sync + 'static {
     /// `ValidateContainerAdjustment`, ...) after `elapsed`.
     fn request(&self, plugin: &str, request: &'static str, elapsed: Duration, outcome: Outcome);
 
-    /// `plugin`'s answer was refused, failing the runtime's request.
+    /// `plugin`'s answer was refused: failing the runtime's request, or,
+    /// for a [`Rejection::Permission`] under failure policy `ignore`,
+    /// dropped.
     fn rejected(&self, plugin: &str, rejection: Rejection);
 }

@@ -48,7 +48,9 @@ impl Adaptation {
     ///
     /// The default validator and failure policies apply from the next
     /// request; timeouts and policies of already connected external plugins
-    /// stay those they registered with.
+    /// stay those they registered with. Plugin permissions apply from the
+    /// next answer to every plugin, connected external ones included (no
+    /// plugin restarts for them).
     ///
     /// # Errors
     /// [`Error::PluginDir`] when the new plugin directory exists but cannot

@@ -19,11 +19,45 @@ use nri_proto::api;
 
 use crate::{
     adaptation::Inner,
-    error::{BoxError, Error},
+    error::{BoxError, Error, PluginError},
     launch,
-    observe::Outcome,
+    observe::{Outcome, Rejection},
+    permissions::{self, PermissionError},
     plugin::{HandshakeParams, Host, LaunchedIdentity, Plugin},
 };
+
+/// Why a plugin's Synchronize failed.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    /// The request failed.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// Its updates are outside its permissions (failure policy `fail`).
+    #[error(transparent)]
+    Permission(#[from] PermissionError),
+}
+
+/// Synchronizes `p` with `pods` and `containers`; the updates it answered,
+/// checked against its permissions: all of them, none when they are
+/// outside and its failure policy is `ignore` (logged), an error under
+/// `fail` (so the plugin does not join).
+async fn synchronize(
+    inner: &Inner,
+    p: &Plugin,
+    pods: &[api::PodSandbox],
+    containers: &[api::Container],
+) -> Result<Vec<api::ContainerUpdate>, SyncError> {
+    let updates = p.synchronize(pods, containers).await?;
+    let opts = inner.opts();
+    let Some(e) = opts
+        .permissions(p.name())
+        .and_then(|perms| perms.check_updates(p.name(), &updates).err())
+    else {
+        return Ok(updates);
+    };
+    permissions::refuse(&inner.callbacks, p.policy, "Synchronize", e)?;
+    Ok(Vec::new())
+}
 
 /// Held by a runtime around an operation that must not interleave with the
 /// synchronization of a newly connected plugin (NRI `BlockPluginSync`).
@@ -60,6 +94,18 @@ impl Host for HostRef {
         evict: Vec<api::ContainerEviction>,
     ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
         let inner = self.0.upgrade().ok_or("NRI adaptation is gone")?;
+        // Checked whole before anything is applied: a refused call changes
+        // nothing (there is no runtime request for a failure policy to fail).
+        if let Some(perms) = inner.opts().permissions(plugin) {
+            let checked = perms
+                .check_evictions(plugin, &evict)
+                .and_then(|()| perms.check_updates(plugin, &update));
+            if let Err(e) = checked {
+                inner.callbacks.rejected(plugin, Rejection::Permission);
+                tracing::warn!(plugin, error = %e, "NRI plugin's UpdateContainers refused: outside its permissions");
+                return Err(Box::new(e));
+            }
+        }
         // No adaptation lock here: a plugin may call this from inside an
         // event handler while the runtime waits for that event (NRI #301).
         inner.callbacks.update_containers(plugin, update, evict).await
@@ -136,7 +182,7 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
     let mut ready = Vec::new();
     let mut updates = Vec::new();
     for (i, p) in launched.into_iter().enumerate() {
-        match p.synchronize(&state.pods, &state.containers).await {
+        match synchronize(inner, &p, &state.pods, &state.containers).await {
             Ok(u) => {
                 updates.extend(u);
                 ready.push(p);
@@ -249,7 +295,7 @@ pub(crate) async fn join(inner: &Arc<Inner>, plugin: Arc<Plugin>) -> bool {
     // take locks the runtime holds while calling an event method.
     let req = inner.request_lock.lock().await;
     let state = ticket.complete(state);
-    let updates = match plugin.synchronize(&state.pods, &state.containers).await {
+    let updates = match synchronize(inner, &plugin, &state.pods, &state.containers).await {
         Ok(updates) if inner.is_running() && !plugin.is_closed() => {
             inner.registry.add(plugin);
             updates

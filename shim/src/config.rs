@@ -21,6 +21,9 @@
 //! default = "ignore"
 //! "10-cpu-pinning" = "fail"
 //!
+//! [nri.plugin_permissions."10-cpu-pinning"]   # IDX-NAME, NAME or default
+//! allow = ["cpu", "memory"]     # field groups (nri_adaptation::FieldGroup); none: unrestricted
+//!
 //! [shim]
 //! state_root = "/run/nri-shim"  # daemon sockets and libcontainer state
 //! idle_timeout = "30s"          # daemon exits after this long with no containers
@@ -39,7 +42,7 @@ use std::{
     time::Duration,
 };
 
-use nri_adaptation::{DefaultValidatorConfig, FailurePolicy, Options};
+use nri_adaptation::{DefaultValidatorConfig, FailurePolicy, Options, Permissions};
 use serde::{Deserialize, Deserializer};
 
 /// Default location of the configuration file.
@@ -165,6 +168,30 @@ pub struct NriConfig {
     pub default_validator: DefaultValidatorConfig,
     /// Failure policy per plugin; key `default` for all others.
     pub failure_policy: HashMap<String, FailurePolicy>,
+    /// What each plugin may change (`[nri.plugin_permissions.KEY] allow =
+    /// [...]`), keyed by `IDX-NAME` or `NAME`; key `default` for all
+    /// others. No entry for a plugin and no `default`: unrestricted.
+    #[serde(deserialize_with = "plugin_permissions")]
+    pub plugin_permissions: HashMap<String, Permissions>,
+}
+
+/// The `[nri.plugin_permissions.*]` tables: `allow` lists field group
+/// names; an unknown one is an error naming the table and the name.
+fn plugin_permissions<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, Permissions>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        allow: Vec<String>,
+    }
+    let raw = HashMap::<String, Entry>::deserialize(d)?;
+    raw.into_iter()
+        .map(|(key, e)| match Permissions::parse(&e.allow) {
+            Ok(p) => Ok((key, p)),
+            Err(err) => Err(serde::de::Error::custom(format!(
+                "nri.plugin_permissions.{key:?}.allow: {err}"
+            ))),
+        })
+        .collect()
 }
 
 impl Default for NriConfig {
@@ -180,6 +207,7 @@ impl Default for NriConfig {
             disable_connections: false,
             default_validator: DefaultValidatorConfig::default(),
             failure_policy: HashMap::new(),
+            plugin_permissions: HashMap::new(),
         }
     }
 }
@@ -189,6 +217,8 @@ impl NriConfig {
     pub fn options(&self) -> Options {
         let mut policies = self.failure_policy.clone();
         let default = policies.remove("default").unwrap_or_default();
+        let mut permissions = self.plugin_permissions.clone();
+        let default_permissions = permissions.remove("default");
         Options {
             socket_path: self.socket_path.clone(),
             plugin_path: self.plugin_path.clone(),
@@ -199,6 +229,8 @@ impl NriConfig {
             default_failure_policy: default,
             failure_policies: policies,
             default_validator: self.default_validator.clone(),
+            default_permissions,
+            plugin_permissions: permissions,
         }
     }
 }
@@ -461,6 +493,65 @@ mod tests {
     }
 
     #[test]
+    fn plugin_permissions_parse_with_default_and_lookup() {
+        use nri_adaptation::FieldGroup;
+        let c = Config::parse(
+            r#"
+            [nri.plugin_permissions."10-pinner"]
+            allow = ["cpu", "memory"]
+            [nri.plugin_permissions.injector]
+            allow = ["devices", "cdi_devices", "mounts", "env"]
+            [nri.plugin_permissions.default]
+            allow = []
+            "#,
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        let o = c.nri.options();
+        let groups = |p: Option<&Permissions>| p.map(|p| p.groups().collect::<Vec<_>>());
+        assert_eq!(
+            groups(o.permissions("10-pinner")),
+            Some(vec![FieldGroup::Memory, FieldGroup::Cpu])
+        );
+        assert_eq!(
+            groups(o.permissions("30-injector")),
+            Some(vec![
+                FieldGroup::Mounts,
+                FieldGroup::Env,
+                FieldGroup::CdiDevices,
+                FieldGroup::Devices
+            ])
+        );
+        assert_eq!(groups(o.permissions("20-pinner")), Some(vec![]), "the default");
+        assert!(!o.plugin_permissions.contains_key("default"));
+        // No table: every plugin unrestricted, as upstream.
+        assert_eq!(Config::default().nri.options().permissions("10-pinner"), None);
+    }
+
+    #[test]
+    fn unknown_field_group_names_the_table_and_the_value() {
+        let e = Config::parse(
+            "[nri.plugin_permissions.\"10-pinner\"]\nallow = [\"cpu\", \"cpuset\"]\n",
+            Path::new("c.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(r#"nri.plugin_permissions."10-pinner".allow: unknown field group "cpuset" (known: "#),
+            "{e}"
+        );
+        assert!(e.starts_with("invalid shim config c.toml: line "), "{e}");
+        let e = Config::parse("[nri.plugin_permissions.default]\nalow = []\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("alow"), "{e}");
+        let e = Config::parse("[nri.plugin_permissions.default]\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `allow`"), "{e}");
+    }
+
+    #[test]
     fn defaults_without_file() {
         let c = Config::load_file(Path::new("/nonexistent/nri-shim.toml"), false).unwrap();
         assert_eq!(c.nri.socket_path, PathBuf::from("/var/run/nri/nri.sock"));
@@ -516,6 +607,43 @@ mod tests {
         assert_eq!(c.shim.idle_timeout, d.shim.idle_timeout);
         assert_eq!(c.shim.log_level, d.shim.log_level);
         assert!(!c.nri.disable);
+    }
+
+    /// The README's permission examples parse and mean what they say, and
+    /// its table lists every field group.
+    #[test]
+    fn readme_permissions_section_is_valid_and_complete() {
+        use nri_adaptation::FieldGroup;
+        let readme = include_str!("../../README.md");
+        let section = &readme[readme
+            .find("### Per-plugin permissions")
+            .expect("README has a Per-plugin permissions section")..];
+        let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let block = &section[start..start + section[start..].find("```").unwrap()];
+        let o = Config::parse(block, Path::new("README.md")).unwrap().nri.options();
+        let allows = |plugin: &str, g: FieldGroup| o.permissions(plugin).unwrap().allows(g);
+        assert!(allows("10-cpu-pinning", FieldGroup::Cpu) && allows("10-cpu-pinning", FieldGroup::Memory));
+        assert!(!allows("10-cpu-pinning", FieldGroup::Env));
+        for g in [
+            FieldGroup::Devices,
+            FieldGroup::CdiDevices,
+            FieldGroup::Mounts,
+            FieldGroup::Env,
+        ] {
+            assert!(allows("40-device-injector", g), "{g}");
+        }
+        assert!(!allows("40-device-injector", FieldGroup::Memory));
+        assert!(allows("20-other", FieldGroup::Annotations) && !allows("20-other", FieldGroup::Env));
+        assert_eq!(o.failure_policy("10", "cpu-pinning"), FailurePolicy::Fail);
+        let table: Vec<&str> = section[start..]
+            .lines()
+            .skip_while(|l| !l.starts_with("| group |"))
+            .skip(2)
+            .take_while(|l| l.starts_with("| `"))
+            .map(|l| l.split('`').nth(1).unwrap())
+            .collect();
+        let all: Vec<&str> = FieldGroup::ALL.iter().map(|g| g.as_str()).collect();
+        assert_eq!(table, all);
     }
 
     #[test]

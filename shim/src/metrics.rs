@@ -1,13 +1,14 @@
 //! The optional Prometheus/OpenMetrics endpoint (`[metrics] address`):
 //! per plugin and NRI request, invocations by outcome and a latency
-//! histogram; per plugin, answers refused for a conflict or by a
-//! validator; the plugins connected; the daemon's tasks by state.
+//! histogram; per plugin, answers refused for a conflict, by a validator
+//! or for a field outside the plugin's permissions; the plugins connected;
+//! the daemon's tasks by state.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `nri_plugin_requests_total` | counter | `plugin`, `request`, `outcome` (`ok`, `error`, `timeout`) |
 //! | `nri_plugin_request_duration_seconds` | histogram | `plugin`, `request` |
-//! | `nri_plugin_rejections_total` | counter | `plugin`, `reason` (`conflict`, `validation`) |
+//! | `nri_plugin_rejections_total` | counter | `plugin`, `reason` (`conflict`, `validation`, `permission`) |
 //! | `nri_plugins_connected` | gauge | |
 //! | `nri_shim_tasks` | gauge | `state` (`created`, `starting`, `running`, `paused`, `stopped`) |
 //!
@@ -120,7 +121,7 @@ impl Metrics {
         );
         registry.register(
             "nri_plugin_rejections",
-            "Plugin answers refused: conflicting with another plugin's, or rejected by a validator",
+            "Plugin answers refused: conflicting with another plugin's, rejected by a validator, or outside the plugin's permissions",
             rejections.clone(),
         );
         registry.register("nri_plugins_connected", "NRI plugins registered", plugins.clone());
@@ -283,6 +284,7 @@ mod tests {
         m.request("10-a", "CreateContainer", Duration::from_millis(3), Outcome::Ok);
         m.request("10-a", "CreateContainer", Duration::from_millis(300), Outcome::Timeout);
         m.rejected("20-b", Rejection::Conflict);
+        m.rejected("30-c", Rejection::Permission);
         let text = m.render(&Snapshot {
             plugins: 2,
             tasks: vec![Status::Running, Status::Running, Status::Created],
@@ -293,6 +295,7 @@ mod tests {
             r#"nri_plugin_request_duration_seconds_count{plugin="10-a",request="CreateContainer"} 2"#,
             r#"nri_plugin_request_duration_seconds_bucket{le="0.005",plugin="10-a",request="CreateContainer"} 1"#,
             r#"nri_plugin_rejections_total{plugin="20-b",reason="conflict"} 1"#,
+            r#"nri_plugin_rejections_total{plugin="30-c",reason="permission"} 1"#,
             "nri_plugins_connected 2",
             r#"nri_shim_tasks{state="running"} 2"#,
             r#"nri_shim_tasks{state="created"} 1"#,

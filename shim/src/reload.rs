@@ -13,6 +13,7 @@
 //! | `nri.plugin_path`, `nri.plugin_config_path` | applied: pre-installed plugins follow the directory |
 //! | `nri.plugin_registration_timeout`, `nri.plugin_request_timeout`, `nri.failure_policy` | applied: pre-installed plugins are restarted with them; connected external plugins keep theirs until they reconnect |
 //! | `nri.default_validator` | applied from the next request |
+//! | `nri.plugin_permissions` | applied from the next request, to every plugin (connected external ones too; nothing restarts): permissions are pure policy, read at each answer |
 //! | `shim.state_root` | needs restart: task sockets and libcontainer state of running containers live there |
 //! | `nri.disable` | needs restart: running containers went through (or past) NRI |
 //! | `nri.socket_path`, `nri.disable_connections` | needs restart: connected external plugins would lose their socket |
@@ -54,6 +55,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
                 disable_connections,
                 default_validator,
                 failure_policy,
+                plugin_permissions,
             },
         cdi: CdiConfig { spec_dirs },
         metrics: MetricsConfig { address },
@@ -83,6 +85,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
     key!(nri.plugin_request_timeout, LIVE);
     key!(nri.default_validator, LIVE);
     key!(nri.failure_policy, LIVE);
+    key!(nri.plugin_permissions, LIVE);
     // The CDI registry and the metrics listener are set up once, at start.
     key!(cdi.spec_dirs, RESTART);
     key!(metrics.address, RESTART);
@@ -127,10 +130,18 @@ mod tests {
         new.nri
             .failure_policy
             .insert("10-a".into(), nri_adaptation::FailurePolicy::Fail);
+        new.nri
+            .plugin_permissions
+            .insert("default".into(), nri_adaptation::Permissions::allowing([]));
         let p = plan(&old, &new);
         assert_eq!(
             p.live,
-            ["shim.log_level", "nri.plugin_request_timeout", "nri.failure_policy"]
+            [
+                "shim.log_level",
+                "nri.plugin_request_timeout",
+                "nri.failure_policy",
+                "nri.plugin_permissions"
+            ]
         );
         assert_eq!(
             p.needs_restart,
@@ -146,5 +157,6 @@ mod tests {
             ("debug", Duration::from_secs(7))
         );
         assert_eq!(plan(&old, &e).needs_restart, Vec::<&str>::new());
+        assert_eq!(e.nri.plugin_permissions, new.nri.plugin_permissions, "applied");
     }
 }

@@ -186,6 +186,10 @@ impl api_ttrpc::Runtime for RuntimeService {
                 failed,
                 ..Default::default()
             }),
+            // Outside the plugin's permissions: nothing of the call applied.
+            Err(e) if e.is::<crate::permissions::PermissionError>() => {
+                Err(status(ttrpc::Code::PERMISSION_DENIED, e.to_string()))
+            }
             Err(e) => Err(status(ttrpc::Code::UNKNOWN, e.to_string())),
         }
     }
