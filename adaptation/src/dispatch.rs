@@ -102,7 +102,8 @@ impl CreateReport {
         }
         // A key only removed has no owner (the merge leaves ownership
         // alone, as upstream): the plugin's own answer says who removed it.
-        for p in &self.plugins {
+        // An answer refused (permissions) is kept as sent but merged nothing.
+        for p in self.plugins.iter().filter(|p| p.error.is_none()) {
             let Some(adjust) = p.response.as_ref().and_then(|r| r.adjust.as_ref()) else {
                 continue;
             };

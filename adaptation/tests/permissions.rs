@@ -240,6 +240,11 @@ async fn a_create_answer_outside_the_permissions_is_dropped_whole_under_ignore()
     assert!(pinned.response.is_some());
     let owners = format!("{:?}", report.owners);
     assert!(!owners.contains("10-pinner"), "owns nothing: {owners}");
+    assert_eq!(
+        report.changed_by("c1"),
+        ["20-env"],
+        "the audit trail names only what was applied"
+    );
     assert_eq!(nri.plugin_names(), ["10-pinner", "20-env"], "the plugin stays");
     nri.stop().await;
 }
