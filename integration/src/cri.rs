@@ -172,6 +172,9 @@ fn pick_network() -> (String, String) {
 pub struct CriSetup<'a> {
     /// Pre-installed NRI plugins of the shim: (file name, binary, drop-in config text).
     pub plugins: Vec<(&'a str, PathBuf, String)>,
+    /// The `containerd-shim-nri-shim-v2` binary the `nri-shim` handler runs;
+    /// `None`: this workspace's build next to the test binary.
+    pub shim_bin: Option<PathBuf>,
 }
 
 /// A running private containerd with CRI and the two handlers.
@@ -210,11 +213,12 @@ impl Cri {
         let t = tmp.path().to_path_buf();
         let bin = t.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(
-            workspace_bin("containerd-shim-nri-shim-v2"),
-            bin.join("containerd-shim-nri-shim-v2"),
-        )
-        .unwrap();
+        let shim_bin = setup
+            .shim_bin
+            .clone()
+            .unwrap_or_else(|| workspace_bin("containerd-shim-nri-shim-v2"));
+        assert!(shim_bin.exists(), "{} is missing", shim_bin.display());
+        std::os::unix::fs::symlink(&shim_bin, bin.join("containerd-shim-nri-shim-v2")).unwrap();
         let (plugin_dir, conf_dir) = (t.join("nri/plugins"), t.join("nri/conf.d"));
         std::fs::create_dir_all(&plugin_dir).unwrap();
         std::fs::create_dir_all(&conf_dir).unwrap();
@@ -604,6 +608,7 @@ pub fn shared() -> &'static Cri {
         );
         let cri = Cri::start(CriSetup {
             plugins: vec![("10-adjuster", workspace_bin("nri-adjuster"), rule)],
+            ..Default::default()
         });
         // SAFETY: registers a plain `extern "C" fn` that runs at exit.
         unsafe { libc::atexit(teardown_shared) };
@@ -695,6 +700,21 @@ impl Client {
     ) -> String {
         let id = self.create(pod, pod_cfg, cfg).await;
         self.start(&id).await;
+        id
+    }
+
+    /// CreateContainer and StartContainer, then waits (up to `timeout`)
+    /// until the container runs; returns its id.
+    pub async fn create_running(
+        &mut self,
+        pod: &str,
+        pod_cfg: &api::PodSandboxConfig,
+        cfg: api::ContainerConfig,
+        timeout: Duration,
+    ) -> String {
+        let id = self.create_start(pod, pod_cfg, cfg).await;
+        self.wait_state(&id, api::ContainerState::ContainerRunning, timeout)
+            .await;
         id
     }
 

@@ -72,9 +72,7 @@ async fn pod(
 
 /// Starts `cfg` in the pod and waits until it runs.
 async fn running(c: &mut Client, pod: &str, pod_cfg: &api::PodSandboxConfig, cfg: api::ContainerConfig) -> String {
-    let id = c.create_start(pod, pod_cfg, cfg).await;
-    c.wait_state(&id, api::ContainerState::ContainerRunning, WAIT).await;
-    id
+    c.create_running(pod, pod_cfg, cfg, WAIT).await
 }
 
 /// Waits until the container's log has a line containing `needle`; returns the lines.
@@ -454,6 +452,238 @@ async fn container_stats_page_faults_and_working_set() {
         nri, runc,
         "ContainerStats page faults and working set (CRI reads the total_* counters) with nri-shim (left) differ from runc's (right)"
     );
+}
+
+// ---------------------------------------------------------------------------
+// PodSandboxStats and ListPodSandboxStats
+
+/// How a counter looks: absent, zero or nonzero.
+fn counter(v: Option<&api::UInt64Value>) -> &'static str {
+    match v.map(|v| v.value) {
+        None => "absent",
+        Some(0) => "zero",
+        Some(_) => "nonzero",
+    }
+}
+
+/// A stats timestamp (ns since the epoch) is set and within the last minute.
+fn recent(ts: i64) -> bool {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    ts > 0 && ts <= now && now - ts < 60_000_000_000
+}
+
+/// What CRI's pod stats show of one pod (`what` names the request):
+/// presence and plausibility of each field, nothing that varies between
+/// runs or handlers (counts of page faults, CPU rates, byte counts).
+fn pod_stats_rows(what: &str, s: &api::PodSandboxStats, pod: &str, container: &str) -> Vec<String> {
+    let mut obs = vec![format!(
+        "{what}: attributes.id is the pod: {}",
+        s.attributes.as_ref().map(|a| a.id == pod).unwrap_or(false)
+    )];
+    let Some(l) = s.linux.as_ref() else {
+        obs.push(format!("{what}: linux: absent"));
+        return obs;
+    };
+    match l.cpu.as_ref() {
+        None => obs.push(format!("{what}: cpu: absent")),
+        Some(c) => obs.push(format!(
+            "{what}: cpu: timestamp recent: {}, usage_core_nano_seconds: {}, usage_nano_cores: {}",
+            recent(c.timestamp),
+            counter(c.usage_core_nano_seconds.as_ref()),
+            if c.usage_nano_cores.is_some() {
+                "present"
+            } else {
+                "absent"
+            },
+        )),
+    }
+    match l.memory.as_ref() {
+        None => obs.push(format!("{what}: memory: absent")),
+        Some(m) => obs.push(format!(
+            "{what}: memory: timestamp recent: {}, usage_bytes: {}, working_set_bytes: {}, rss_bytes: {}, \
+             page_faults: {}, major_page_faults present: {}, available_bytes present: {}, \
+             working_set <= usage: {}",
+            recent(m.timestamp),
+            counter(m.usage_bytes.as_ref()),
+            counter(m.working_set_bytes.as_ref()),
+            counter(m.rss_bytes.as_ref()),
+            counter(m.page_faults.as_ref()),
+            m.major_page_faults.is_some(),
+            m.available_bytes.is_some(),
+            m.working_set_bytes
+                .as_ref()
+                .zip(m.usage_bytes.as_ref())
+                .map(|(w, u)| w.value <= u.value)
+                .unwrap_or(false),
+        )),
+    }
+    match l.network.as_ref() {
+        None => obs.push(format!("{what}: network: absent")),
+        Some(n) => {
+            let i = n.default_interface.as_ref();
+            obs.push(format!(
+                "{what}: network: default_interface: {:?}, rx_bytes: {}, tx_bytes: {}, \
+                 rx_errors present: {}, tx_errors present: {}, interfaces: {}, timestamp recent: {}",
+                i.map(|i| i.name.as_str()),
+                counter(i.and_then(|i| i.rx_bytes.as_ref())),
+                counter(i.and_then(|i| i.tx_bytes.as_ref())),
+                i.map(|i| i.rx_errors.is_some()).unwrap_or(false),
+                i.map(|i| i.tx_errors.is_some()).unwrap_or(false),
+                n.interfaces.len(),
+                // containerd 1.6 leaves it 0.
+                recent(n.timestamp),
+            ));
+        }
+    }
+    match l.process.as_ref() {
+        None => obs.push(format!("{what}: process: absent")),
+        Some(p) => obs.push(format!(
+            "{what}: process: timestamp recent: {}, process_count: {:?}",
+            recent(p.timestamp),
+            p.process_count.as_ref().map(|v| v.value),
+        )),
+    }
+    obs.push(format!("{what}: containers: {}", l.containers.len()));
+    for c in &l.containers {
+        obs.push(format!(
+            "{what}: container is the pod's: {}, cpu.usage_core_nano_seconds: {}, memory.working_set_bytes: {}, \
+             memory.usage_bytes: {}",
+            c.attributes.as_ref().map(|a| a.id == container).unwrap_or(false),
+            counter(c.cpu.as_ref().and_then(|c| c.usage_core_nano_seconds.as_ref())),
+            counter(c.memory.as_ref().and_then(|m| m.working_set_bytes.as_ref())),
+            counter(c.memory.as_ref().and_then(|m| m.usage_bytes.as_ref())),
+        ));
+    }
+    obs
+}
+
+/// A pod with one running container (three processes: `sh` waiting for
+/// two `sleep`s, after writing a file and pinging the bridge when the pod has
+/// its own network); its stats by PodSandboxStats and by
+/// ListPodSandboxStats filtered to its id. `Err` is the gRPC code a
+/// request failed with.
+async fn pod_stats(cri: &Cri, h: &'static str, host: bool) -> Vec<String> {
+    let name = if host { "podstats-hostnet" } else { "podstats" };
+    let (mut c, pod, cfg) = pod(cri, name, NS, h, |p| {
+        if host {
+            p.hostname.clear();
+            let ns = p.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+            ns.namespace_options.as_mut().unwrap().network = api::NamespaceMode::Node as i32;
+        }
+    })
+    .await;
+    let gw = format!("{}1", cri.subnet.trim_end_matches("0/24"));
+    let ping = if host {
+        String::new()
+    } else {
+        format!("ping -c 2 -W 2 {gw} >/dev/null; ")
+    };
+    // `wait` keeps sh (ash runs a last simple command by exec).
+    let script =
+        format!("dd if=/dev/zero of=/tmp/f bs=1M count=4 2>/dev/null; {ping}echo done; sleep 1000 & sleep 1000 & wait");
+    let id = running(&mut c, &pod, &cfg, container("c", &["sh", "-c", &script])).await;
+    log_with(&cfg, "c", "done").await;
+    let mut obs = Vec::new();
+    match c
+        .rt
+        .pod_sandbox_stats(api::PodSandboxStatsRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+    {
+        Ok(r) => {
+            let s = r.into_inner().stats.unwrap_or_default();
+            println!("{h}: PodSandboxStats {s:#?}");
+            obs.extend(pod_stats_rows("PodSandboxStats", &s, &pod, &id));
+        }
+        Err(e) => obs.push(format!("PodSandboxStats: Err({:?})", e.code())),
+    }
+    match c
+        .rt
+        .list_pod_sandbox_stats(api::ListPodSandboxStatsRequest {
+            filter: Some(api::PodSandboxStatsFilter {
+                id: pod.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+    {
+        Ok(r) => {
+            let items = r.into_inner().stats;
+            obs.push(format!("ListPodSandboxStats(id): {} item(s)", items.len()));
+            for s in &items {
+                obs.extend(pod_stats_rows("ListPodSandboxStats", s, &pod, &id));
+            }
+        }
+        Err(e) => obs.push(format!("ListPodSandboxStats: Err({:?})", e.code())),
+    }
+    c.remove_pod(&pod).await;
+    obs
+}
+
+/// containerd's CRI reads a pod's cpu and memory from the pod's cgroup
+/// (`cgroup_parent`), its network from the pod's network namespace, the
+/// process count from the shim's Pids of each running container and the
+/// container stats from the shim's Metrics: with nri-shim they must be
+/// what they are with runc.
+#[tokio::test]
+async fn pod_sandbox_stats_and_list_pod_sandbox_stats() {
+    let cri = shared();
+    for host in [false, true] {
+        let (runc, nri) = both(|h| pod_stats(cri, h, host)).await;
+        let what = if host {
+            "pod stats, host network"
+        } else {
+            "pod stats, pod network"
+        };
+        same(what, &runc, &nri);
+        let net = if host {
+            "network: absent".to_string()
+        } else {
+            "network: default_interface: Some(\"eth0\"), rx_bytes: nonzero, tx_bytes: nonzero, \
+             rx_errors present: true, tx_errors present: true"
+                .to_string()
+        };
+        for req in ["PodSandboxStats", "ListPodSandboxStats"] {
+            for want in [
+                format!("{req}: attributes.id is the pod: true"),
+                // usage_nano_cores is a rate: containerd 1.7 and 2.x leave
+                // it out of a first sample, 1.6 sends 0.
+                format!("{req}: cpu: timestamp recent: true, usage_core_nano_seconds: nonzero"),
+                format!("{req}: process: timestamp recent: true, process_count: Some(3)"),
+                format!("{req}: containers: 1"),
+                format!(
+                    "{req}: container is the pod's: true, cpu.usage_core_nano_seconds: nonzero, \
+                     memory.working_set_bytes: nonzero, memory.usage_bytes: nonzero"
+                ),
+                format!("{req}: {net}"),
+            ] {
+                assert!(
+                    runc.iter().any(|l| l.starts_with(&want)),
+                    "{what}: runc (the reference) lacks {want:?}: {runc:#?}"
+                );
+            }
+            let mem = runc
+                .iter()
+                .find(|l| l.starts_with(&format!("{req}: memory:")))
+                .unwrap_or_else(|| panic!("{what}: no {req} memory row: {runc:#?}"));
+            for want in [
+                "timestamp recent: true",
+                "usage_bytes: nonzero",
+                "working_set_bytes: nonzero",
+                "working_set <= usage: true",
+            ] {
+                assert!(mem.contains(want), "{what}: runc's {req} memory lacks {want:?}: {mem}");
+            }
+        }
+        assert!(
+            runc.iter().any(|l| l == "ListPodSandboxStats(id): 1 item(s)"),
+            "{what}: {runc:#?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
