@@ -15,6 +15,8 @@ use std::{
 };
 
 use nri_adaptation::{CreateReport, FieldChange, api};
+
+use crate::record::RecordError;
 use serde::{Deserialize, Serialize};
 
 /// Current [`AuditRecord::version`].
@@ -31,30 +33,10 @@ pub enum AuditError {
         /// The task id.
         id: String,
     },
-    /// The file or its directory could not be written.
-    #[error("write {path}")]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-    /// A directory or file could not be read.
-    #[error("read {path}")]
-    Read {
-        /// The file or directory.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-    /// A file is not an audit record this shim understands.
-    #[error("parse {path}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The underlying error.
-        source: serde_json::Error,
-    },
+    /// A file or directory could not be read, written or parsed (the
+    /// bundle record's errors: each names the path).
+    #[error(transparent)]
+    File(#[from] RecordError),
 }
 
 /// What one plugin did to the container.
@@ -136,10 +118,10 @@ impl AuditRecord {
     /// old file or the new one).
     ///
     /// # Errors
-    /// [`AuditError::BadName`], or [`AuditError::Write`] with the path.
+    /// [`AuditError::BadName`], or [`RecordError::Write`] with the path.
     pub fn write(&self, daemon_dir: &Path) -> Result<PathBuf, AuditError> {
         let path = record_path(daemon_dir, &self.namespace, &self.id)?;
-        let write = |p: &Path, e| AuditError::Write {
+        let write = |p: &Path, e| RecordError::Write {
             path: p.to_path_buf(),
             source: e,
         };
@@ -167,14 +149,14 @@ impl AuditRecord {
     /// that has a container of that id.
     ///
     /// # Errors
-    /// [`AuditError::Read`] when the state root cannot be listed,
-    /// [`AuditError::Parse`] for a record that does not parse.
+    /// [`RecordError::Read`] when the state root cannot be listed,
+    /// [`RecordError::Parse`] for a record that does not parse.
     pub fn find(
         state_root: &Path,
         namespace: Option<&str>,
         id: &str,
     ) -> Result<Vec<(PathBuf, AuditRecord)>, AuditError> {
-        let read = |p: &Path, e| AuditError::Read {
+        let read = |p: &Path, e| RecordError::Read {
             path: p.to_path_buf(),
             source: e,
         };
@@ -182,7 +164,7 @@ impl AuditRecord {
         let daemons = match std::fs::read_dir(state_root) {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
-            Err(e) => return Err(read(state_root, e)),
+            Err(e) => return Err(read(state_root, e).into()),
         };
         for daemon in daemons.flatten() {
             let audit = crate::layout::audit_dir(&daemon.path());
@@ -197,9 +179,9 @@ impl AuditRecord {
                 let text = match std::fs::read(&path) {
                     Ok(t) => t,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(read(&path, e)),
+                    Err(e) => return Err(read(&path, e).into()),
                 };
-                let record = serde_json::from_slice(&text).map_err(|e| AuditError::Parse {
+                let record = serde_json::from_slice(&text).map_err(|e| RecordError::Parse {
                     path: path.clone(),
                     source: e,
                 })?;
