@@ -56,6 +56,24 @@ fn wait_shim_log(c: &Containerd, from: usize, needles: &[&str]) -> String {
     }
 }
 
+/// Waits (20 s) until `plugin` logged its own exit; fails with the events
+/// and the shim log.
+fn wait_exit(c: &Containerd, log: &EventLog, plugin: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while log.of(plugin, "Exit").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{plugin} did not exit; events: {:?}\nshim log:\n{}",
+            log.lines()
+                .iter()
+                .map(|l| format!("{} {}", l.plugin, l.event))
+                .collect::<Vec<_>>(),
+            c.shim_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn block<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -128,19 +146,7 @@ fn sighup_applies_a_valid_config_and_keeps_running_on_an_invalid_one() {
     let mut synced = sync.containers.clone();
     synced.sort();
     assert_eq!(synced, ["hup-c1", "hup-c2"]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while log.of("10-a", "Exit").is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "10-a did not exit; events: {:?}\nshim log:\n{}",
-            log.lines()
-                .iter()
-                .map(|l| format!("{} {}", l.plugin, l.event))
-                .collect::<Vec<_>>(),
-            c.shim_log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_exit(&c, &log, "10-a");
 
     run(&c, "hup-c3");
     assert_eq!(c.shim_daemon_pid(), Some(pid));
@@ -200,19 +206,7 @@ fn plugin_path_changes_are_picked_up_without_a_signal() {
     let sync = block(log.wait_event("20-b", "Synchronize"));
     assert_eq!(sync.containers, ["dir-c1"]);
     std::fs::remove_file(c.plugin_dir.join("10-a")).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while log.of("10-a", "Exit").is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "10-a did not exit; events: {:?}\nshim log:\n{}",
-            log.lines()
-                .iter()
-                .map(|l| format!("{} {}", l.plugin, l.event))
-                .collect::<Vec<_>>(),
-            c.shim_log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_exit(&c, &log, "10-a");
 
     run(&c, "dir-c2");
     assert_eq!(c.shim_daemon_pid(), Some(pid), "the same daemon serves c2");
