@@ -13,6 +13,7 @@
 //! | `create` | Create, with rollback |
 //! | `start` | Start of the init and of execs |
 //! | `exit` | exit and OOM watching, events in order |
+//! | `handover` | the task table across an upgrade |
 //! | `kill` | Kill, evictions |
 //! | `delete` | Delete |
 //! | `exec` | Exec |
@@ -24,6 +25,7 @@ mod create;
 mod delete;
 mod exec;
 mod exit;
+mod handover;
 mod kill;
 mod pause;
 mod pods;
@@ -42,7 +44,10 @@ use std::{
 
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 
-pub use self::status::{Illegal, Status};
+pub use self::{
+    handover::{PodState, ProcState, TableState, TaskState},
+    status::{Illegal, Status},
+};
 use self::{pods::Pods, process::Task, table::TaskTable};
 pub use crate::bundle::{DEFAULT_PATH_ENV, EXIT_STATUS_FILE};
 use crate::{
