@@ -474,7 +474,10 @@ async fn serve(
     let ttrpc_address = std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Arc::new(RemotePublisher::new(ttrpc_address));
     let service = Service::new(
-        Arc::new(HelperRunner::new(exe.clone(), dir.clone())),
+        // Helpers from this image, not the file at `exe`: once a new binary
+        // is installed there (before the upgrade, or one that is refused),
+        // its helper protocol need not be this daemon's.
+        Arc::new(HelperRunner::new("/proc/self/exe", dir.clone())),
         dir.clone(),
         events,
     );
@@ -494,7 +497,11 @@ async fn serve(
             }
         }
         listener_fd = take(h.listener);
-        inherited = h.connections.into_iter().filter_map(&mut take).collect();
+        inherited = h
+            .connections
+            .into_iter()
+            .filter_map(|c| take(c.fd).map(|fd| (fd, c.replay)))
+            .collect();
     }
     let resumed = listener_fd.is_some();
     let metrics = config.metrics.address.map(|_| Arc::new(crate::metrics::Metrics::new()));
@@ -551,12 +558,12 @@ async fn serve(
     let listener_raw = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let gate = crate::gate::Gate::new();
     let mut first: Vec<std::io::Result<crate::gate::GatedStream>> = Vec::new();
-    for fd in inherited {
+    for (fd, replay) in inherited {
         let s = std::os::unix::net::UnixStream::from(fd);
         if s.set_nonblocking(true).is_ok()
             && let Ok(s) = tokio::net::UnixStream::from_std(s)
         {
-            first.push(Ok(gate.wrap(s)));
+            first.push(Ok(gate.wrap_with_replay(s, replay)));
         }
     }
     let shutdown = Arc::new(tokio::sync::Notify::new());
@@ -729,7 +736,7 @@ impl Upgrade<'_> {
         let deadline = Instant::now() + crate::upgrade::QUIESCE_TIMEOUT;
         loop {
             let busy = self.service.busy();
-            let conns = !self.gate.quiet();
+            let conns = !self.gate.quiet(&crate::upgrade::replayable);
             if busy.is_none() && !conns {
                 break;
             }
@@ -745,6 +752,13 @@ impl Upgrade<'_> {
         }
         if let Some(n) = self.nri {
             n.stop().await;
+        }
+        // Stopping NRI awaited: a response may have started meanwhile.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !(self.gate.quiet(&crate::upgrade::replayable) && self.service.busy().is_none())
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let e = self.exec().await;
         if let Some(n) = self.nri
@@ -765,9 +779,9 @@ impl Upgrade<'_> {
             let listener = dup_for_exec(self.listener, &mut keep)?;
             let connections = self
                 .gate
-                .fds()
+                .handover()
                 .into_iter()
-                .map(|fd| dup_for_exec(fd, &mut keep))
+                .map(|(fd, replay)| dup_for_exec(fd, &mut keep).map(|fd| crate::upgrade::Connection { fd, replay }))
                 .collect::<std::io::Result<_>>()?;
             let log_fifos = crate::shimlog::SHIM_LOG
                 .fds()

@@ -12,12 +12,13 @@
 //! written ([`Gate::quiet`]).
 
 use std::{
+    collections::BTreeMap,
     io,
     os::fd::{AsRawFd, RawFd},
     pin::Pin,
     sync::{
         Arc, Mutex, Weak,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll, Waker},
 };
@@ -39,6 +40,18 @@ struct Framing {
     header: [u8; HEADER_LEN],
     have: usize,
     body_left: u64,
+    /// Keep each frame's bytes (the read side: requests may be replayed).
+    capture: bool,
+    frame: Vec<u8>,
+}
+
+/// A frame completed by [`Framing::feed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Frame {
+    kind: u8,
+    stream: u32,
+    /// Header and body, when captured.
+    bytes: Vec<u8>,
 }
 
 impl Framing {
@@ -56,29 +69,42 @@ impl Framing {
         }
     }
 
-    /// Accounts for `bytes`; returns the types of the frames completed.
-    fn feed(&mut self, mut bytes: &[u8], done: &mut Vec<u8>) {
+    fn complete(&mut self, done: &mut Vec<Frame>) {
+        self.have = 0;
+        done.push(Frame {
+            kind: self.header[8],
+            stream: u32::from_be_bytes([self.header[4], self.header[5], self.header[6], self.header[7]]),
+            bytes: std::mem::take(&mut self.frame),
+        });
+    }
+
+    /// Accounts for `bytes`; appends the frames completed to `done`.
+    fn feed(&mut self, mut bytes: &[u8], done: &mut Vec<Frame>) {
         while !bytes.is_empty() {
             if self.body_left == 0 {
                 let n = (HEADER_LEN - self.have).min(bytes.len());
                 self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+                if self.capture {
+                    self.frame.extend_from_slice(&bytes[..n]);
+                }
                 self.have += n;
                 bytes = &bytes[n..];
                 if self.have == HEADER_LEN {
                     let len = u32::from_be_bytes([self.header[0], self.header[1], self.header[2], self.header[3]]);
                     self.body_left = u64::from(len);
                     if len == 0 {
-                        self.have = 0;
-                        done.push(self.header[8]);
+                        self.complete(done);
                     }
                 }
             } else {
                 let n = usize::try_from(self.body_left).unwrap_or(usize::MAX).min(bytes.len());
+                if self.capture {
+                    self.frame.extend_from_slice(&bytes[..n]);
+                }
                 self.body_left -= n as u64;
                 bytes = &bytes[n..];
                 if self.body_left == 0 {
-                    self.have = 0;
-                    done.push(self.header[8]);
+                    self.complete(done);
                 }
             }
         }
@@ -90,17 +116,57 @@ struct Conn {
     fd: RawFd,
     read: Mutex<Framing>,
     write: Mutex<Framing>,
-    requests: AtomicU64,
-    responses: AtomicU64,
+    /// Requests read and not yet answered, by stream id: (method, frame).
+    pending: Mutex<BTreeMap<u32, (String, Vec<u8>)>>,
     waker: Mutex<Option<Waker>>,
 }
 
 impl Conn {
-    fn quiet(&self) -> bool {
+    fn quiet(&self, replayable: &dyn Fn(&str) -> bool) -> bool {
         lock(&self.read).at_boundary()
             && lock(&self.write).at_boundary()
-            && self.requests.load(Ordering::SeqCst) == self.responses.load(Ordering::SeqCst)
+            && lock(&self.pending).values().all(|(m, _)| replayable(m))
     }
+}
+
+/// The `method` of a ttrpc `Request` message (field 2, a string), read
+/// from its protobuf encoding; empty when it cannot be read.
+fn method_of(body: &[u8]) -> String {
+    fn varint(b: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = b.split_first()?;
+            *b = rest;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    let mut b = body;
+    while !b.is_empty() {
+        let Some(tag) = varint(&mut b) else { break };
+        let len = match tag & 7 {
+            0 => {
+                if varint(&mut b).is_none() {
+                    break;
+                }
+                continue;
+            }
+            2 => match varint(&mut b).and_then(|l| usize::try_from(l).ok()) {
+                Some(l) if l <= b.len() => l,
+                _ => break,
+            },
+            _ => break,
+        };
+        let (field, rest) = b.split_at(len);
+        b = rest;
+        if tag >> 3 == 2 {
+            return String::from_utf8_lossy(field).into_owned();
+        }
+    }
+    String::new()
 }
 
 #[derive(Default)]
@@ -123,12 +189,21 @@ impl Gate {
     /// Wraps an accepted connection (or one handed over by the previous
     /// image, which is at a frame boundary).
     pub fn wrap(&self, io: tokio::net::UnixStream) -> GatedStream {
+        self.wrap_with_replay(io, Vec::new())
+    }
+
+    /// Wraps a connection handed over by the previous image with the
+    /// requests it had read and not answered (whole frames), which are
+    /// read again before the socket.
+    pub fn wrap_with_replay(&self, io: tokio::net::UnixStream, replay: Vec<u8>) -> GatedStream {
         let conn = Arc::new(Conn {
             fd: io.as_raw_fd(),
-            read: Mutex::default(),
+            read: Mutex::new(Framing {
+                capture: true,
+                ..Framing::default()
+            }),
             write: Mutex::default(),
-            requests: AtomicU64::new(0),
-            responses: AtomicU64::new(0),
+            pending: Mutex::default(),
             waker: Mutex::new(None),
         });
         let mut conns = lock(&self.0.conns);
@@ -138,6 +213,8 @@ impl Gate {
             io,
             conn,
             gate: self.0.clone(),
+            replay,
+            replayed: 0,
         }
     }
 
@@ -191,14 +268,19 @@ impl Gate {
     }
 
     /// Every live connection is between frames in both directions and has
-    /// answered every request it read.
-    pub fn quiet(&self) -> bool {
-        self.live().iter().all(|c| c.quiet())
+    /// answered every request it read whose method is not `replayable`
+    /// (a request that only waits, which the next image can answer).
+    pub fn quiet(&self, replayable: &dyn Fn(&str) -> bool) -> bool {
+        self.live().iter().all(|c| c.quiet(replayable))
     }
 
-    /// The fds of the live connections (valid while they live).
-    pub fn fds(&self) -> Vec<RawFd> {
-        self.live().iter().map(|c| c.fd).collect()
+    /// The live connections: their fds (valid while they live) and the
+    /// frames of the requests they have not answered, in stream order.
+    pub fn handover(&self) -> Vec<(RawFd, Vec<u8>)> {
+        self.live()
+            .iter()
+            .map(|c| (c.fd, lock(&c.pending).values().flat_map(|(_, f)| f.clone()).collect()))
+            .collect()
     }
 }
 
@@ -207,11 +289,37 @@ pub struct GatedStream {
     io: tokio::net::UnixStream,
     conn: Arc<Conn>,
     gate: Arc<GateInner>,
+    replay: Vec<u8>,
+    replayed: usize,
+}
+
+impl GatedStream {
+    fn account_read(&self, bytes: &[u8]) {
+        let mut done = Vec::new();
+        lock(&self.conn.read).feed(bytes, &mut done);
+        let mut pending = lock(&self.conn.pending);
+        for f in done.into_iter().filter(|f| f.kind == TYPE_REQUEST) {
+            let method = method_of(&f.bytes[HEADER_LEN.min(f.bytes.len())..]);
+            pending.insert(f.stream, (method, f.bytes));
+        }
+    }
 }
 
 impl AsyncRead for GatedStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.replayed < this.replay.len() {
+            let n = (this.replay.len() - this.replayed).min(buf.remaining());
+            let chunk = this.replay[this.replayed..this.replayed + n].to_vec();
+            buf.put_slice(&chunk);
+            this.replayed += n;
+            this.account_read(&chunk);
+            if this.replayed == this.replay.len() {
+                this.replay = Vec::new();
+                this.replayed = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
         let limit = {
             let framing = lock(&this.conn.read);
             if framing.at_boundary() && this.gate.closed.load(Ordering::SeqCst) {
@@ -237,10 +345,7 @@ impl AsyncRead for GatedStream {
         // initialised and filled its first `n` bytes.
         unsafe { buf.assume_init(n) };
         buf.advance(n);
-        let mut done = Vec::new();
-        lock(&this.conn.read).feed(&buf.filled()[before..], &mut done);
-        let requests = done.iter().filter(|t| **t == TYPE_REQUEST).count() as u64;
-        this.conn.requests.fetch_add(requests, Ordering::SeqCst);
+        this.account_read(&buf.filled()[before..]);
         Poll::Ready(Ok(()))
     }
 }
@@ -254,10 +359,9 @@ impl AsyncWrite for GatedStream {
         };
         let mut done = Vec::new();
         lock(&this.conn.write).feed(&data[..n], &mut done);
-        let responses = done.iter().filter(|t| **t == TYPE_RESPONSE).count() as u64;
-        if responses > 0 {
-            this.conn.responses.fetch_add(responses, Ordering::SeqCst);
-            this.gate.changed.notify_waiters();
+        let mut pending = lock(&this.conn.pending);
+        for f in done.iter().filter(|f| f.kind == TYPE_RESPONSE) {
+            pending.remove(&f.stream);
         }
         Poll::Ready(Ok(n))
     }
@@ -273,36 +377,50 @@ impl AsyncWrite for GatedStream {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use std::os::fd::FromRawFd as _;
+    use std::{os::fd::FromRawFd as _, time::Duration};
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
 
-    fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
+    fn frame_on(stream: u32, kind: u8, body: &[u8]) -> Vec<u8> {
         let mut f = (body.len() as u32).to_be_bytes().to_vec();
-        f.extend_from_slice(&1u32.to_be_bytes());
+        f.extend_from_slice(&stream.to_be_bytes());
         f.push(kind);
         f.push(0);
         f.extend_from_slice(body);
         f
     }
 
+    fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
+        frame_on(1, kind, body)
+    }
+
+    /// A ttrpc `Request` body: service (1), method (2), payload (3).
+    fn request(method: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (tag, v) in [(0x0a, "containerd.task.v2.Task"), (0x12, method), (0x1a, "xyz")] {
+            b.push(tag);
+            b.push(v.len() as u8);
+            b.extend_from_slice(v.as_bytes());
+        }
+        b
+    }
+
     #[test]
     fn framing_counts_frames_split_anywhere() {
         let mut bytes = frame(TYPE_REQUEST, b"hello");
-        bytes.extend(frame(TYPE_RESPONSE, b""));
+        bytes.extend(frame_on(3, TYPE_RESPONSE, b""));
         bytes.extend(frame(TYPE_REQUEST, &[7u8; 300]));
         for split in 1..bytes.len() {
             let (mut f, mut done) = (Framing::default(), Vec::new());
             for chunk in bytes.chunks(split) {
                 f.feed(chunk, &mut done);
             }
+            let kinds: Vec<(u8, u32)> = done.iter().map(|f| (f.kind, f.stream)).collect();
             assert_eq!(
-                done,
-                vec![TYPE_REQUEST, TYPE_RESPONSE, TYPE_REQUEST],
+                kinds,
+                vec![(TYPE_REQUEST, 1), (TYPE_RESPONSE, 3), (TYPE_REQUEST, 1)],
                 "chunks of {split}"
             );
             assert!(f.at_boundary());
@@ -313,6 +431,13 @@ mod tests {
         assert_eq!(f.limit(), 3);
     }
 
+    #[test]
+    fn the_method_of_a_request_is_read_from_its_protobuf() {
+        assert_eq!(method_of(&request("Wait")), "Wait");
+        assert_eq!(method_of(b"\x0a\x03abc"), "");
+        assert_eq!(method_of(b"\x12\xff"), "", "a length beyond the body");
+    }
+
     /// A closed gate stops a reader at the end of the frame it is in; the
     /// next frame stays in the socket, readable from a dup of the fd.
     #[tokio::test]
@@ -320,14 +445,14 @@ mod tests {
         let (a, mut peer) = tokio::net::UnixStream::pair().unwrap();
         let gate = Gate::new();
         let mut s = gate.wrap(a);
-        let first = frame(TYPE_REQUEST, b"first");
-        let second = frame(TYPE_REQUEST, b"second");
+        let first = frame(TYPE_REQUEST, &request("State"));
+        let second = frame_on(3, TYPE_REQUEST, &request("Kill"));
         // The peer sends the first frame's header, then the gate closes.
         peer.write_all(&first[..4]).await.unwrap();
         let mut got = vec![0u8; 4];
         s.read_exact(&mut got).await.unwrap();
         gate.close();
-        assert!(!gate.quiet(), "mid-frame");
+        assert!(!gate.quiet(&|_| true), "mid-frame");
         let mut rest = first[4..].to_vec();
         rest.extend(&second);
         peer.write_all(&rest).await.unwrap();
@@ -345,12 +470,13 @@ mod tests {
                 .await
                 .is_err()
         );
-        // One request read, none answered yet.
-        assert!(!gate.quiet());
+        // One request read, not answered yet, and not one that may be replayed.
+        assert!(!gate.quiet(&|m| m == "Wait"));
         s.write_all(&frame(TYPE_RESPONSE, b"ok")).await.unwrap();
-        assert!(gate.quiet());
+        assert!(gate.quiet(&|_| false));
         // The second frame is intact in the socket for the next image.
-        assert_eq!(gate.fds(), vec![s.io.as_raw_fd()]);
+        let handed = gate.handover();
+        assert_eq!(handed, vec![(s.io.as_raw_fd(), Vec::new())]);
         // SAFETY: a dup of a live socket fd, owned here.
         let dup = unsafe { std::os::fd::OwnedFd::from_raw_fd(libc::dup(s.io.as_raw_fd())) };
         let std_stream = std::os::unix::net::UnixStream::from(dup);
@@ -359,6 +485,45 @@ mod tests {
         let mut got = vec![0u8; second.len()];
         next.read_exact(&mut got).await.unwrap();
         assert_eq!(got, second);
+    }
+
+    /// A request that only waits (Wait) does not hold an upgrade up: it is
+    /// handed over and read again, first, by the next image, which answers
+    /// it on the same stream.
+    #[tokio::test]
+    async fn an_unanswered_wait_is_replayed_to_the_next_image() {
+        let (a, mut peer) = tokio::net::UnixStream::pair().unwrap();
+        let gate = Gate::new();
+        let mut s = gate.wrap(a);
+        let wait = frame_on(5, TYPE_REQUEST, &request("Wait"));
+        let state = frame_on(7, TYPE_REQUEST, &request("State"));
+        peer.write_all(&wait).await.unwrap();
+        peer.write_all(&state).await.unwrap();
+        let mut got = vec![0u8; wait.len() + state.len()];
+        s.read_exact(&mut got).await.unwrap();
+        gate.close();
+        assert!(!gate.quiet(&|m| m == "Wait"), "State is unanswered");
+        s.write_all(&frame_on(7, TYPE_RESPONSE, b"state")).await.unwrap();
+        assert!(gate.quiet(&|m| m == "Wait"));
+        let later = frame_on(9, TYPE_REQUEST, &request("Kill"));
+        peer.write_all(&later).await.unwrap();
+        let handed = gate.handover();
+        assert_eq!(handed, vec![(s.io.as_raw_fd(), wait.clone())]);
+        // The next image reads the Wait, then what waited in the socket.
+        // SAFETY: a dup of a live socket fd, owned here.
+        let dup = unsafe { std::os::fd::OwnedFd::from_raw_fd(libc::dup(s.io.as_raw_fd())) };
+        let std_stream = std::os::unix::net::UnixStream::from(dup);
+        std_stream.set_nonblocking(true).unwrap();
+        let next_gate = Gate::new();
+        let mut next = next_gate.wrap_with_replay(
+            tokio::net::UnixStream::from_std(std_stream).unwrap(),
+            handed[0].1.clone(),
+        );
+        let mut got = vec![0u8; wait.len() + later.len()];
+        next.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, [wait, later].concat());
+        assert!(!next_gate.quiet(&|_| false), "both are pending in the next image");
+        assert!(!next_gate.quiet(&|m| m == "Wait"), "the Kill is pending");
     }
 
     #[tokio::test]

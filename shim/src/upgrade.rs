@@ -115,6 +115,24 @@ impl UpgradeError {
     }
 }
 
+/// Whether a task request may be answered by the next image instead:
+/// `Wait` only waits for an exit the next image also knows (containerd's
+/// CRI keeps one open per container), so the daemon does not wait for it
+/// and the request is read again by the next image.
+pub fn replayable(method: &str) -> bool {
+    method == "Wait"
+}
+
+/// One of containerd's connections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Connection {
+    /// Its fd.
+    pub fd: RawFd,
+    /// Requests read and not answered (whole ttrpc frames, only
+    /// [`replayable`] ones), read again before the socket.
+    pub replay: Vec<u8>,
+}
+
 /// What the new image inherits (fd numbers valid in it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Handover {
@@ -130,7 +148,7 @@ pub struct Handover {
     /// The task socket's listener.
     pub listener: RawFd,
     /// containerd's connections, each at a ttrpc frame boundary.
-    pub connections: Vec<RawFd>,
+    pub connections: Vec<Connection>,
     /// containerd's `log` fifos: (task key, fd), oldest first.
     pub log_fifos: Vec<(String, RawFd)>,
     /// The task table.
@@ -341,7 +359,16 @@ mod tests {
             from_version: "0.1.0".into(),
             dir: "/run/nri-shim/0123456789abcdef".into(),
             listener: 5,
-            connections: vec![7, 8],
+            connections: vec![
+                Connection {
+                    fd: 7,
+                    replay: Vec::new(),
+                },
+                Connection {
+                    fd: 8,
+                    replay: vec![0, 0, 0, 0, 0, 0, 0, 1, 1, 0],
+                },
+            ],
             log_fifos: vec![("default/c1".into(), 9)],
             table: TableState::default(),
         };

@@ -86,6 +86,15 @@ pub struct Service {
 /// A task request in flight (see [`Service::begin_request`]).
 pub struct RequestGuard(Service);
 
+/// A Wait in flight (see [`Service::begin_wait`]).
+pub struct WaitGuard(Service);
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        self.0.inner.tasks.end_wait();
+    }
+}
+
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.0.inner.tasks.end_request();
@@ -153,6 +162,14 @@ impl Service {
     pub fn begin_request(&self) -> RequestGuard {
         self.inner.tasks.begin_request();
         RequestGuard(self.clone())
+    }
+
+    /// Marks a request in flight as only waiting for an exit (Wait) until
+    /// the guard drops: an upgrade does not wait for it (see
+    /// `crate::upgrade::replayable`).
+    pub fn begin_wait(&self) -> WaitGuard {
+        self.inner.tasks.begin_wait();
+        WaitGuard(self.clone())
     }
 
     /// Records activity: an accepted connection (`start` probes the daemon

@@ -39,6 +39,8 @@ pub struct TaskTable {
     activity: Mutex<Instant>,
     /// Exits reaped and not yet fully published.
     exiting: AtomicUsize,
+    /// Of the requests in flight, those only waiting for an exit.
+    waits: AtomicUsize,
 }
 
 /// An exit being published (see [`TaskTable::exiting`]).
@@ -60,6 +62,7 @@ impl Default for TaskTable {
             requests: AtomicUsize::new(0),
             activity: Mutex::new(Instant::now()),
             exiting: AtomicUsize::new(0),
+            waits: AtomicUsize::new(0),
         }
     }
 }
@@ -165,11 +168,24 @@ impl TaskTable {
         Exiting(self)
     }
 
+    /// Counts a request in flight as only waiting (Wait) until
+    /// [`TaskTable::end_wait`]: an upgrade does not wait for it.
+    pub fn begin_wait(&self) {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A Wait finished.
+    pub fn end_wait(&self) {
+        self.waits.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// What is in progress that an upgrade must not cut: (requests in
-    /// flight, creates reserved, exits being published).
+    /// flight other than Wait, creates reserved, exits being published).
     pub fn in_progress(&self) -> (usize, usize, usize) {
         (
-            self.requests.load(Ordering::SeqCst),
+            self.requests
+                .load(Ordering::SeqCst)
+                .saturating_sub(self.waits.load(Ordering::SeqCst)),
             lock(&self.creating).len(),
             self.exiting.load(Ordering::SeqCst),
         )
