@@ -290,7 +290,8 @@ pub fn upgrade_action(state_root: &Path, address: &str) -> anyhow::Result<String
             .with_context(|| format!("read {}", state_root.display()))?
             .flatten()
             .map(|e| e.path())
-            .filter(|d| pid_file(d).exists())
+            // A daemon killed (or a containerd gone) leaves its pid file.
+            .filter(|d| live_daemon(d).is_ok())
             .collect()
     } else {
         vec![crate::daemon::daemon_dir(state_root, address)]
@@ -315,7 +316,8 @@ pub fn upgrade_action(state_root: &Path, address: &str) -> anyhow::Result<String
     Ok(report)
 }
 
-fn upgrade_one(dir: &Path) -> anyhow::Result<String> {
+/// The pid of the daemon running for `dir`.
+fn live_daemon(dir: &Path) -> anyhow::Result<i32> {
     use anyhow::{Context as _, bail};
     let pid_text =
         std::fs::read_to_string(pid_file(dir)).with_context(|| format!("read {}", pid_file(dir).display()))?;
@@ -324,6 +326,12 @@ fn upgrade_one(dir: &Path) -> anyhow::Result<String> {
     if !String::from_utf8_lossy(&cmdline).split('\0').any(|a| a == "daemon") {
         bail!("pid {pid} of {} is no running nri-shim daemon", pid_file(dir).display());
     }
+    Ok(pid)
+}
+
+fn upgrade_one(dir: &Path) -> anyhow::Result<String> {
+    use anyhow::{Context as _, bail};
+    let pid = live_daemon(dir)?;
     let _ = std::fs::remove_file(result_file(dir));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGUSR2)
         .with_context(|| format!("signal daemon {pid}"))?;
@@ -390,6 +398,21 @@ mod tests {
         // SAFETY: F_GETFD on an fd `back` owns.
         assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC, 0);
         drop(back);
+    }
+
+    /// Without `-address`, only directories whose pid file names a live
+    /// daemon are upgraded: stale ones (a killed daemon) are no error.
+    #[test]
+    fn the_upgrade_of_every_daemon_skips_stale_pid_files() {
+        let root = tempfile::tempdir().unwrap();
+        let stale = root.path().join("0123456789abcdef");
+        std::fs::create_dir_all(&stale).unwrap();
+        // This test process: alive, but no daemon.
+        std::fs::write(pid_file(&stale), format!("{}\n", std::process::id())).unwrap();
+        let e = upgrade_action(root.path(), "").unwrap_err();
+        assert!(format!("{e:#}").contains("no nri-shim daemon found"), "{e:#}");
+        let e = live_daemon(&stale).unwrap_err();
+        assert!(format!("{e:#}").contains("is no running nri-shim daemon"), "{e:#}");
     }
 
     #[tokio::test]
