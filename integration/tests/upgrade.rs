@@ -394,3 +394,80 @@ fn a_binary_that_cannot_take_over_leaves_the_daemon_serving() {
     wait_status(&c, "upg-keep2", "RUNNING");
     assert_no_disconnect(&c, mark, None);
 }
+
+/// A terminal container's output, which the daemon copies from the pty
+/// master to the stdout fifo, goes on across an upgrade: no line lost or
+/// repeated.
+#[test]
+fn a_terminal_containers_output_goes_on_across_an_upgrade() {
+    let c = Containerd::start(Setup {
+        idle_timeout: "60s",
+        ..Setup::default()
+    });
+    let binary = own_binary(&c);
+    let chatty = "i=0; while :; do echo line $i; i=$((i+1)); usleep 100000; done";
+    // `ctr run -t` wants a console even detached: `script` gives it one.
+    let ctr = integration::containerd::containerd_cmd("ctr")
+        .get_program()
+        .to_string_lossy()
+        .into_owned();
+    let cmdline = format!(
+        "{ctr} -a {} run -d -t --fifo-dir {} --runtime {RUNTIME} --rootfs {} upg-tty /bin/sh -c '{chatty}'",
+        c.sock.display(),
+        c.dir.path().join("fifo").display(),
+        c.rootfs.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmdline, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs ctr on a pty");
+    assert!(out.status.success(), "ctr run -t: {}", text(&out));
+    wait_status(&c, "upg-tty", "RUNNING");
+    // ctr's fifos: <fifo dir>/<random>/upg-tty-stdout.
+    let fifo = std::fs::read_dir(c.dir.path().join("fifo"))
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("upg-tty-stdout"))
+        .find(|p| p.exists())
+        .expect("the tty's stdout fifo");
+    let reader = std::fs::File::open(&fifo).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(reader).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let numbers_for = |window: Duration| {
+        let deadline = Instant::now() + window;
+        let mut v: Vec<u64> = Vec::new();
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if let Some(n) = l.trim().strip_prefix("line ").and_then(|n| n.parse().ok()) {
+                v.push(n);
+            }
+        }
+        v
+    };
+    let before = numbers_for(Duration::from_secs(1));
+    assert!(!before.is_empty(), "no output before the upgrade");
+    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let out = upgrade(&c, &binary);
+    assert!(
+        out.status.success(),
+        "upgrade: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+    let after = numbers_for(Duration::from_secs(2));
+    assert!(after.len() >= 10, "output after the upgrade: {after:?}");
+    let all: Vec<u64> = before.iter().chain(&after).copied().collect();
+    assert!(
+        all.windows(2).all(|w| w[1] == w[0] + 1),
+        "lines lost or repeated: {all:?}"
+    );
+    let kill = c.ctr(&["t", "kill", "-s", "SIGKILL", "upg-tty"]);
+    assert!(kill.status.success(), "kill: {}", text(&kill));
+    wait_status(&c, "upg-tty", "STOPPED");
+}
