@@ -24,7 +24,8 @@ pub struct Flags {
     pub help: bool,
     /// `-info`: print the runtime info protobuf (see [`crate::info`]).
     pub info: bool,
-    /// `start`, `delete`, `inspect`, or the internal `daemon`.
+    /// `start`, `delete`, `inspect`, `upgrade`, or the internal `daemon`
+    /// and `upgrade-check`.
     pub action: String,
 }
 
@@ -56,6 +57,7 @@ pub enum ArgsError {
 pub const USAGE: &str = "\
 usage: containerd-shim-nri-shim-v2 -namespace NS -address CONTAINERD_SOCKET -id ID [-bundle DIR] [-publish-binary BIN] [-debug] start|delete
        containerd-shim-nri-shim-v2 [-namespace NS] inspect CONTAINER_ID
+       containerd-shim-nri-shim-v2 [-address CONTAINERD_SOCKET] upgrade
        containerd-shim-nri-shim-v2 -v
        containerd-shim-nri-shim-v2 -info < RUNTIME_OPTIONS
 
@@ -67,6 +69,10 @@ containerd runs it; it is not meant to be run by hand.
   delete   clean up after a task whose shim is gone; prints its exit status
   inspect  [-namespace NS] CONTAINER_ID: which NRI plugin changed which field
            of the container (its audit record; run by hand)
+  upgrade  [-address CONTAINERD_SOCKET]: the running daemon (of that
+           containerd, else every one) re-executes the binary at the path it
+           was started from, keeping every container; run after installing
+           a new binary there
   -info    print the runtime's features (a containerd RuntimeInfo protobuf)
 
 Configuration: $NRI_SHIM_CONFIG, else /etc/nri-shim/config.toml.

@@ -405,13 +405,18 @@ pub fn daemon_main(flags: &Flags) -> anyhow::Result<()> {
 }
 
 fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
+    // Before any thread: the variable is removed from the environment.
+    let resume = crate::upgrade::Handover::from_env().context("resume after an upgrade")?;
     let config = Config::load()?;
     crate::monitor::set_subreaper().context("become child subreaper")?;
     // One malloc arena: the daemon's work is on one thread; the short-lived
     // blocking-pool threads would otherwise each leave an arena behind.
     // SAFETY: mallopt before any other thread exists.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
-    let dir = daemon_dir(&config.shim.state_root, &flags.address);
+    let dir = match &resume {
+        Some(h) => h.dir.clone(),
+        None => daemon_dir(&config.shim.state_root, &flags.address),
+    };
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     // Targets, not EnvFilter: no regex engine in the resident daemon. The
     // filter was checked when the config was loaded.
@@ -430,7 +435,7 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
         Ok(())
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(serve(flags, config, dir, ready, &set_log_level))
+    rt.block_on(serve(flags, config, dir, ready, &set_log_level, resume))
 }
 
 /// The daemon's log filter for a `[shim] log_level` value. libcgroups
@@ -457,19 +462,63 @@ async fn serve(
     dir: PathBuf,
     ready: &mut Ready,
     set_log_level: SetLogLevel<'_>,
+    resume: Option<crate::upgrade::Handover>,
 ) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("own executable")?;
+    // The path started from, kept across upgrades: the file an operator
+    // replaces (after a replacement /proc/self/exe names the old, deleted
+    // inode).
+    let exe = match &resume {
+        Some(h) => h.exe.clone(),
+        None => std::env::current_exe().context("own executable")?,
+    };
     let ttrpc_address = std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Arc::new(RemotePublisher::new(ttrpc_address));
-    let service = Service::new(Arc::new(HelperRunner::new(exe, dir.clone())), dir.clone(), events);
+    let service = Service::new(
+        // Helpers from this image, not the file at `exe`: once a new binary
+        // is installed there (before the upgrade, or one that is refused),
+        // its helper protocol need not be this daemon's.
+        Arc::new(HelperRunner::new("/proc/self/exe", dir.clone())),
+        dir.clone(),
+        events,
+    );
     service.set_cdi(crate::cdi::Registry::new(config.cdi.spec_dirs.clone()));
+    // The previous image's tasks before NRI starts: pre-installed plugins
+    // are synchronized with them.
+    let mut inherited = Vec::new();
+    let mut listener_fd = None;
+    if let Some(h) = resume {
+        tracing::info!(from = %h.from_version, to = env!("CARGO_PKG_VERSION"), tasks = h.table.tasks.len(), connections = h.connections.len(), "nri-shim daemon taking over after an upgrade");
+        // SAFETY: each fd named in the handover is open and taken once.
+        let mut take = |fd| unsafe { crate::upgrade::inherit(fd) };
+        service.resume(h.table, &mut take);
+        for (key, fd) in h.log_fifos {
+            if let Some(fd) = take(fd) {
+                crate::shimlog::SHIM_LOG.adopt(&key, fd);
+            }
+        }
+        listener_fd = take(h.listener);
+        inherited = h
+            .connections
+            .into_iter()
+            .filter_map(|c| take(c.fd).map(|fd| (fd, c.replay)))
+            .collect();
+    }
+    let resumed = listener_fd.is_some();
     let metrics = config.metrics.address.map(|_| Arc::new(crate::metrics::Metrics::new()));
     let nri = if config.nri.disable {
         tracing::info!("NRI disabled by configuration");
         None
     } else {
         let nri = build_adaptation(&service, &config, metrics.clone())?;
-        nri.start().await.context("start NRI")?;
+        match nri.start().await {
+            Ok(()) => {}
+            // After an upgrade containers run and containerd is connected:
+            // an exit here would lose them all.
+            Err(e) if resumed => {
+                tracing::error!(error = %crate::error::chain(&e), "NRI did not start after the upgrade; serving without it until the next restart or upgrade");
+            }
+            Err(e) => return Err(e).context("start NRI"),
+        }
         service.set_nri(Arc::new(nri.clone()));
         Some(nri)
     };
@@ -494,8 +543,29 @@ async fn serve(
     });
     crate::monitor::spawn_stray_reaper().context("SIGCHLD handler")?;
     let sock = crate::layout::task_socket(&dir);
-    let _ = std::fs::remove_file(&sock);
-    let listener = tokio::net::UnixListener::bind(&sock).with_context(|| format!("listen on {}", sock.display()))?;
+    let listener = match listener_fd {
+        // The same socket (path and inode): containerd's next dial reaches it.
+        Some(fd) => {
+            let l = std::os::unix::net::UnixListener::from(fd);
+            l.set_nonblocking(true).context("inherited task socket")?;
+            tokio::net::UnixListener::from_std(l).context("inherited task socket")?
+        }
+        None => {
+            let _ = std::fs::remove_file(&sock);
+            tokio::net::UnixListener::bind(&sock).with_context(|| format!("listen on {}", sock.display()))?
+        }
+    };
+    let listener_raw = std::os::fd::AsRawFd::as_raw_fd(&listener);
+    let gate = crate::gate::Gate::new();
+    let mut first: Vec<std::io::Result<crate::gate::GatedStream>> = Vec::new();
+    for (fd, replay) in inherited {
+        let s = std::os::unix::net::UnixStream::from(fd);
+        if s.set_nonblocking(true).is_ok()
+            && let Ok(s) = tokio::net::UnixStream::from_std(s)
+        {
+            first.push(Ok(gate.wrap_with_replay(s, replay)));
+        }
+    }
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let task = Arc::new(TaskService::new(
         service.clone(),
@@ -505,24 +575,48 @@ async fn serve(
     let accepted = service.clone();
     let watch = Arc::new(std::sync::Mutex::new(ConfigWatch::new(crate::config::Config::path())));
     let accept_watch = watch.clone();
-    let incoming = futures::stream::unfold(listener, move |l| {
-        let (accepted, watch) = (accepted.clone(), accept_watch.clone());
-        async move {
-            let conn = l.accept().await.map(|(s, _)| s);
-            // `start` probes before printing the address: the client that
-            // follows must find the daemon still here.
-            accepted.touch();
-            if let Ok(mut w) = watch.lock() {
-                w.check();
+    let accept_gate = gate.clone();
+    // containerd's connections of the previous image first (an upgrade),
+    // then new ones; none accepted while an upgrade is under way.
+    let incoming = futures::StreamExt::chain(
+        futures::stream::iter(first),
+        futures::stream::unfold(listener, move |l| {
+            let (accepted, watch, gate) = (accepted.clone(), accept_watch.clone(), accept_gate.clone());
+            async move {
+                let conn = loop {
+                    gate.opened().await;
+                    tokio::select! {
+                        c = l.accept() => break c.map(|(s, _)| gate.wrap(s)),
+                        _ = gate.closed() => {}
+                    }
+                };
+                // `start` probes before printing the address: the client that
+                // follows must find the daemon still here.
+                accepted.touch();
+                if let Ok(mut w) = watch.lock() {
+                    w.check();
+                }
+                Some((conn, l))
             }
-            Some((conn, l))
-        }
-    });
+        }),
+    );
     let mut server = ttrpc::asynchronous::Server::new()
         .add_listener(ttrpc::asynchronous::transport::Listener::new(incoming))
         .register_service(crate::task::services(task));
     server.start().await.context("start task server")?;
     tracing::info!(socket = %sock.display(), pid = std::process::id(), "nri-shim daemon serving");
+    let _ = std::fs::write(crate::upgrade::pid_file(&dir), format!("{}\n", std::process::id()));
+    if resumed {
+        let line = format!(
+            "ok pid={} version={} exe={} tasks={}",
+            std::process::id(),
+            env!("CARGO_PKG_VERSION"),
+            exe.display(),
+            service.task_count()
+        );
+        tracing::info!(result = %line, "upgrade done");
+        crate::upgrade::write_result(&dir, &line);
+    }
 
     // Idle exit: no tasks, no task request in flight, no connection or
     // request, and no external NRI plugin, for idle_timeout.
@@ -535,6 +629,9 @@ async fn serve(
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).context("SIGINT handler")?;
+    // SIGUSR2 (the `upgrade` action): re-execute the binary in place.
+    let mut usr2 =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()).context("SIGUSR2 handler")?;
     // Handlers in place before `start` returns: a SIGHUP before would end
     // the daemon (the default action).
     ready.report("ok");
@@ -584,11 +681,18 @@ async fn serve(
                     w.reloaded();
                 }
             }
+            _ = usr2.recv() => {
+                let handover = Upgrade { exe: &exe, dir: &dir, gate: &gate, service: &service, nri: nri.as_ref(), listener: listener_raw };
+                let e = handover.run().await;
+                tracing::error!(error = %crate::error::chain(&e), "upgrade failed; this binary serves on");
+                crate::upgrade::write_result(&dir, &format!("error: {}", crate::error::chain(&e)));
+            }
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
         }
     };
     tracing::info!(reason, tasks = service.task_count(), "nri-shim daemon exiting");
+    let _ = std::fs::remove_file(crate::upgrade::pid_file(&dir));
     if reason != "idle" {
         // (On idle it went under the start lock: a successor may own the
         // path by now.)
@@ -599,6 +703,125 @@ async fn serve(
         n.stop().await;
     }
     Ok(())
+}
+
+/// An upgrade in the daemon (see [`crate::upgrade`]).
+struct Upgrade<'a> {
+    exe: &'a Path,
+    dir: &'a Path,
+    gate: &'a crate::gate::Gate,
+    service: &'a Service,
+    nri: Option<&'a Adaptation>,
+    listener: std::os::fd::RawFd,
+}
+
+impl Upgrade<'_> {
+    /// Checks the new binary, quiesces, hands over and re-executes it;
+    /// returns only when the upgrade did not happen (everything undone).
+    async fn run(&self) -> crate::upgrade::UpgradeError {
+        tracing::info!(exe = %self.exe.display(), "upgrade requested");
+        if let Err(e) = crate::upgrade::check_binary(self.exe).await {
+            return e;
+        }
+        self.gate.close();
+        crate::monitor::freeze(true);
+        let e = self.quiesced_exec().await;
+        crate::monitor::freeze(false);
+        self.gate.open();
+        e
+    }
+
+    async fn quiesced_exec(&self) -> crate::upgrade::UpgradeError {
+        use crate::upgrade::UpgradeError;
+        let deadline = Instant::now() + crate::upgrade::QUIESCE_TIMEOUT;
+        loop {
+            let busy = self.service.busy();
+            let conns = !self.gate.quiet(&crate::upgrade::replayable);
+            if busy.is_none() && !conns {
+                break;
+            }
+            if Instant::now() > deadline {
+                let mut why = busy.unwrap_or_default();
+                if conns {
+                    why.push_str(if why.is_empty() { "" } else { "; " });
+                    why.push_str("a containerd request still unanswered");
+                }
+                return UpgradeError::Busy(why);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if let Some(n) = self.nri {
+            n.stop().await;
+        }
+        // Stopping NRI awaited: a response may have started meanwhile.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !(self.gate.quiet(&crate::upgrade::replayable) && self.service.busy().is_none())
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let e = self.exec().await;
+        if let Some(n) = self.nri
+            && let Err(e) = n.start().await
+        {
+            tracing::error!(error = %crate::error::chain(&e), "NRI did not start again after the failed upgrade");
+        }
+        let _ = std::fs::remove_file(crate::upgrade::handover_file(self.dir));
+        e
+    }
+
+    /// Writes the handover and execs; returns only on failure (the
+    /// duplicated fds are closed then).
+    async fn exec(&self) -> crate::upgrade::UpgradeError {
+        use crate::upgrade::{Handover, UpgradeError, dup_for_exec};
+        let mut keep = Vec::new();
+        let state = (|| -> std::io::Result<Handover> {
+            let listener = dup_for_exec(self.listener, &mut keep)?;
+            let connections = self
+                .gate
+                .handover()
+                .into_iter()
+                .map(|(fd, replay)| dup_for_exec(fd, &mut keep).map(|fd| crate::upgrade::Connection { fd, replay }))
+                .collect::<std::io::Result<_>>()?;
+            let log_fifos = crate::shimlog::SHIM_LOG
+                .fds()
+                .into_iter()
+                .map(|(k, fd)| dup_for_exec(fd, &mut keep).map(|d| (k, d)))
+                .collect::<std::io::Result<_>>()?;
+            let table = self.service.handover_state(&mut |fd| dup_for_exec(fd, &mut keep))?;
+            Ok(Handover {
+                version: crate::upgrade::HANDOVER_VERSION,
+                exe: self.exe.to_path_buf(),
+                from_version: env!("CARGO_PKG_VERSION").to_string(),
+                dir: self.dir.to_path_buf(),
+                listener,
+                connections,
+                log_fifos,
+                table,
+            })
+        })();
+        let state = match state {
+            Ok(s) => s,
+            Err(e) => {
+                return UpgradeError::Io {
+                    what: "duplicate the fds to hand over".into(),
+                    source: e,
+                };
+            }
+        };
+        let path = crate::upgrade::handover_file(self.dir);
+        let text = serde_json::to_vec(&state).unwrap_or_default();
+        if let Err(e) = std::fs::write(&path, text) {
+            return UpgradeError::Io {
+                what: format!("write {}", path.display()),
+                source: e,
+            };
+        }
+        tracing::info!(exe = %self.exe.display(), tasks = state.table.tasks.len(), connections = state.connections.len(), "handing over to the new binary");
+        let e = crate::upgrade::exec(self.exe, &path);
+        drop(keep);
+        e
+    }
 }
 
 /// SIGHUP: reads the config file again and applies what can change under

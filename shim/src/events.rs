@@ -12,7 +12,14 @@
 //! restarts reaches the new containerd, in order. Only a queue that
 //! overflows loses events, the oldest first, each drop logged.
 
-use std::{collections::VecDeque, sync::Mutex, time::Duration};
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use containerd_shim_protos::{
     events::task as ev,
@@ -49,6 +56,11 @@ pub mod topics {
 pub trait EventSink: Send + Sync + 'static {
     /// Queues an event; never blocks.
     fn publish(&self, namespace: &str, topic: &'static str, event: Box<dyn MessageDyn>);
+
+    /// Events published and not yet delivered (an upgrade waits for none).
+    fn pending(&self) -> usize {
+        0
+    }
 }
 
 /// The `Any` containerd's typeurl expects: the message's full proto name.
@@ -62,6 +74,7 @@ pub fn to_any(event: &dyn MessageDyn) -> Any {
 /// Forwards events to containerd's ttrpc events service.
 pub struct RemotePublisher {
     tx: mpsc::UnboundedSender<Envelope>,
+    pending: Arc<AtomicUsize>,
 }
 
 impl RemotePublisher {
@@ -69,8 +82,9 @@ impl RemotePublisher {
     /// lazily and reconnects after failures.
     pub fn new(address: String) -> RemotePublisher {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(forward_loop(address, rx));
-        RemotePublisher { tx }
+        let pending = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(forward_loop(address, rx, pending.clone()));
+        RemotePublisher { tx, pending }
     }
 }
 
@@ -81,9 +95,15 @@ impl EventSink for RemotePublisher {
         env.namespace = namespace.to_string();
         env.topic = topic.to_string();
         env.event = protobuf::MessageField::some(to_any(&*event));
+        self.pending.fetch_add(1, Ordering::SeqCst);
         if self.tx.send(env).is_err() {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(topic, "event queue closed, event dropped");
         }
+    }
+
+    fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
     }
 }
 
@@ -174,8 +194,9 @@ async fn forward(client: &EventsClient, env: &Envelope) -> Result<(), ttrpc::Err
     client.forward(ctx, &req).await.map(|_| ())
 }
 
-fn take(backlog: &mut Backlog<Envelope>, env: Envelope) {
+fn take(backlog: &mut Backlog<Envelope>, env: Envelope, pending: &AtomicUsize) {
     if let Some(old) = backlog.push(env) {
+        pending.fetch_sub(1, Ordering::SeqCst);
         tracing::error!(
             topic = %old.topic,
             bound = QUEUE_BOUND,
@@ -185,19 +206,19 @@ fn take(backlog: &mut Backlog<Envelope>, env: Envelope) {
     }
 }
 
-async fn forward_loop(address: String, mut rx: mpsc::UnboundedReceiver<Envelope>) {
+async fn forward_loop(address: String, mut rx: mpsc::UnboundedReceiver<Envelope>, pending: Arc<AtomicUsize>) {
     let mut client: Option<EventsClient> = None;
     let mut backlog = Backlog::new(QUEUE_BOUND);
     let mut failures = 0u32;
     loop {
         if backlog.is_empty() {
             match rx.recv().await {
-                Some(env) => take(&mut backlog, env),
+                Some(env) => take(&mut backlog, env, &pending),
                 None => return,
             }
         }
         while let Ok(env) = rx.try_recv() {
-            take(&mut backlog, env);
+            take(&mut backlog, env, &pending);
         }
         let Some(env) = backlog.front() else { continue };
         if client.is_none() {
@@ -214,6 +235,7 @@ async fn forward_loop(address: String, mut rx: mpsc::UnboundedReceiver<Envelope>
                 }
                 failures = 0;
                 backlog.pop();
+                pending.fetch_sub(1, Ordering::SeqCst);
             }
             Err(e) => {
                 client = None;
@@ -229,7 +251,7 @@ async fn forward_loop(address: String, mut rx: mpsc::UnboundedReceiver<Envelope>
                     tokio::select! {
                         _ = &mut sleep => break,
                         next = rx.recv() => match next {
-                            Some(env) => take(&mut backlog, env),
+                            Some(env) => take(&mut backlog, env, &pending),
                             None => break,
                         },
                     }

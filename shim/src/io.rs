@@ -13,7 +13,7 @@ use std::{
     fs::{File, OpenOptions},
     io::{self, Read, Write},
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
         unix::fs::{FileTypeExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
@@ -138,6 +138,21 @@ pub struct ProcessIo {
     copiers: Vec<JoinHandle<()>>,
     /// Fires when the terminal's output copier has copied everything.
     output_done: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// The stdin copier's (fifo, pipe) fds while it runs: an upgrade hands
+    /// them to the next image.
+    stdin_fds: Arc<Mutex<Option<(RawFd, RawFd)>>>,
+}
+
+/// What the next image of the daemon needs to carry on a process's stdio
+/// (see `crate::upgrade`): fd numbers it inherits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IoFds {
+    /// The stdin fifo the copier reads.
+    pub stdin_source: Option<RawFd>,
+    /// The write end of the process's stdin pipe.
+    pub stdin_sink: Option<RawFd>,
+    /// A terminal's pty master.
+    pub master: Option<RawFd>,
 }
 
 impl ProcessIo {
@@ -160,6 +175,7 @@ impl ProcessIo {
             master: None,
             copiers: Vec::new(),
             output_done: None,
+            stdin_fds: Arc::new(Mutex::new(None)),
         };
         if spec.terminal {
             let _ = std::fs::remove_file(console_path);
@@ -176,9 +192,7 @@ impl ProcessIo {
             let source = open_input_async(&spec.stdin)?;
             let (r, w) = nix::unistd::pipe().map_err(|e| ShimError::io("stdin pipe", e.into()))?;
             let sink = tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(|e| ShimError::io("stdin pipe", e))?;
-            let close = Arc::new(tokio::sync::Notify::new());
-            io.stdin_close = Some(close.clone());
-            tokio::spawn(copy_stdin(source, sink, close));
+            io.spawn_stdin_copier(source, sink);
             r
         };
         io.container_fds = Some([stdin, open_output(&spec.stdout)?, open_output(&spec.stderr)?]);
@@ -221,6 +235,64 @@ impl ProcessIo {
         if let Some(p) = self.console_socket.take() {
             let _ = std::fs::remove_file(p);
         }
+        self.copy_terminal(master)
+    }
+
+    fn spawn_stdin_copier(&mut self, source: tokio::net::unix::pipe::Receiver, sink: tokio::net::unix::pipe::Sender) {
+        let close = Arc::new(tokio::sync::Notify::new());
+        self.stdin_close = Some(close.clone());
+        *crate::sync::lock(&self.stdin_fds) = Some((source.as_raw_fd(), sink.as_raw_fd()));
+        tokio::spawn(copy_stdin(source, sink, close, self.stdin_fds.clone()));
+    }
+
+    /// The fds the daemon holds for this process's stdio (valid while it
+    /// is alive; see [`IoFds`]).
+    pub fn live_fds(&self) -> IoFds {
+        let stdin = *crate::sync::lock(&self.stdin_fds);
+        IoFds {
+            stdin_source: stdin.map(|s| s.0),
+            stdin_sink: stdin.map(|s| s.1),
+            master: self.master.as_ref().map(|m| m.as_raw_fd()),
+        }
+    }
+
+    /// Carries on the stdio of a process the previous image of the daemon
+    /// started, from the fds it handed over ([`ProcessIo::live_fds`] there,
+    /// now owned here): the stdin copier or the terminal's copiers again.
+    ///
+    /// Must run inside a tokio runtime.
+    ///
+    /// # Errors
+    /// When an fd is not what it should be, or the terminal's fifos do not
+    /// open.
+    pub fn resume(spec: &StdioSpec, stdin: Option<(OwnedFd, OwnedFd)>, master: Option<OwnedFd>) -> Result<ProcessIo> {
+        let mut io = ProcessIo {
+            container_fds: None,
+            console_socket: None,
+            console_listener: None,
+            spec: spec.clone(),
+            stdin_writer: Arc::new(Mutex::new(None)),
+            stdin_close: None,
+            master: None,
+            copiers: Vec::new(),
+            output_done: None,
+            stdin_fds: Arc::new(Mutex::new(None)),
+        };
+        if let Some((source, sink)) = stdin {
+            let source = tokio::net::unix::pipe::Receiver::from_owned_fd(source)
+                .map_err(|e| ShimError::io("inherited stdin fifo", e))?;
+            let sink = tokio::net::unix::pipe::Sender::from_owned_fd(sink)
+                .map_err(|e| ShimError::io("inherited stdin pipe", e))?;
+            io.spawn_stdin_copier(source, sink);
+        }
+        if let Some(m) = master {
+            io.copy_terminal(Arc::new(File::from(m)))?;
+        }
+        Ok(io)
+    }
+
+    /// Copies between a terminal's pty master and the process's fifos.
+    fn copy_terminal(&mut self, master: Arc<File>) -> Result<()> {
         if !self.spec.stdin.is_empty() {
             let source = open_input(&self.spec.stdin)?;
             let m = master.clone();
@@ -306,6 +378,17 @@ async fn copy_stdin(
     source: tokio::net::unix::pipe::Receiver,
     mut sink: tokio::net::unix::pipe::Sender,
     close: Arc<tokio::sync::Notify>,
+    fds: Arc<Mutex<Option<(RawFd, RawFd)>>>,
+) {
+    copy_stdin_until_end(&source, &mut sink, &close).await;
+    // Before the fds close: their numbers may be reused at once.
+    crate::sync::lock(&fds).take();
+}
+
+async fn copy_stdin_until_end(
+    source: &tokio::net::unix::pipe::Receiver,
+    sink: &mut tokio::net::unix::pipe::Sender,
+    close: &tokio::sync::Notify,
 ) {
     use tokio::io::AsyncWriteExt;
     let mut buf: Vec<u8> = Vec::new();

@@ -28,6 +28,8 @@
 //! | [`plugin_watch`] | plugins added to or removed from `plugin_path`, without a signal |
 //! | [`reload`] | SIGHUP: what a new config changes in a running daemon |
 //! | [`events`] | ordered publishing to containerd |
+//! | [`upgrade`] | in-place upgrade: a new binary takes over the running daemon |
+//! | [`gate`] | containerd's connections paused at a ttrpc frame boundary |
 
 #![warn(missing_docs)]
 
@@ -43,6 +45,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod events;
+pub mod gate;
 pub mod helper;
 pub mod info;
 pub mod io;
@@ -59,6 +62,7 @@ pub mod service;
 pub mod shimlog;
 pub mod sync;
 pub mod task;
+pub mod upgrade;
 
 /// The binary's entry point: dispatches on the action before any thread
 /// exists (the helper and `delete` may run libcontainer in this process).
@@ -117,8 +121,18 @@ pub fn main() {
             audit::inspect_action(&config::Config::state_root_lenient(), ns, &flags.id).map(|text| print!("{text}"))
         }
         "daemon" => daemon::daemon_main(&flags),
-        "" => Err(anyhow::anyhow!("no action given (start, delete, inspect)")),
-        other => Err(anyhow::anyhow!("unknown action {other:?} (start, delete, inspect)")),
+        "upgrade" => {
+            upgrade::upgrade_action(&config::Config::state_root_lenient(), &flags.address).map(|t| print!("{t}"))
+        }
+        // Run by a daemon on the binary it is about to become: it must load
+        // the config that image will load.
+        upgrade::CHECK_ACTION => config::Config::load()
+            .map(|_| println!("{}", upgrade::check_line()))
+            .map_err(anyhow::Error::from),
+        "" => Err(anyhow::anyhow!("no action given (start, delete, inspect, upgrade)")),
+        other => Err(anyhow::anyhow!(
+            "unknown action {other:?} (start, delete, inspect, upgrade)"
+        )),
     };
     if let Err(e) = result {
         // `{:#}`: the error and its causes, outermost first. (The daemon

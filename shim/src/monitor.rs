@@ -60,6 +60,25 @@ static CLAIMED: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 /// yet, so stray reaping waits.
 static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Set while an upgrade hands the daemon over: no process is reaped, so
+/// an exit during the handover stays a zombie, with its status, for the
+/// new image (see `crate::upgrade`).
+static FROZEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static THAWED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Stops (`true`) or resumes reaping: [`PidFd::wait`] and [`reap_strays`]
+/// leave exited processes alone while frozen.
+pub fn freeze(frozen: bool) {
+    FROZEN.store(frozen, std::sync::atomic::Ordering::SeqCst);
+    if !frozen {
+        THAWED.notify_waiters();
+    }
+}
+
+fn frozen() -> bool {
+    FROZEN.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Holds off stray reaping while a helper runs (see [`reap_strays`]).
 pub struct InFlight(());
 
@@ -99,7 +118,7 @@ pub fn release(pid: i32) {
 /// alone, a zombie in a container's pid namespace keeps the container's
 /// init from ever finishing its exit (`zap_pid_ns_processes`).
 pub fn reap_strays() {
-    if IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+    if frozen() || IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst) > 0 {
         return;
     }
     let claimed = crate::sync::lock(&CLAIMED).clone();
@@ -167,6 +186,18 @@ impl PidFd {
         })
     }
 
+    /// Adopts `pid`, a child of this process (a container process the
+    /// previous image of the daemon started, see `crate::upgrade`): claims
+    /// it from the stray reaper and opens its pidfd. An exited child that
+    /// was not reaped is still there, as a zombie with its status.
+    ///
+    /// # Errors
+    /// As [`PidFd::open`].
+    pub fn adopt(pid: i32) -> io::Result<PidFd> {
+        claim(pid);
+        PidFd::open(pid).inspect_err(|_| release(pid))
+    }
+
     /// The process id.
     pub fn pid(&self) -> i32 {
         self.pid
@@ -196,6 +227,14 @@ impl PidFd {
     /// The `waitid` error (`ECHILD` when it is not our child).
     pub async fn wait(&self) -> io::Result<ExitStatus> {
         loop {
+            while frozen() {
+                let thawed = THAWED.notified();
+                if !frozen() {
+                    break;
+                }
+                thawed.await;
+            }
+            // No await from here to the reap: a freeze cannot come between.
             if let Some(st) = self.reap(WaitIdOptions::EXITED | WaitIdOptions::NOHANG)? {
                 return Ok(st);
             }

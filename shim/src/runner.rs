@@ -119,6 +119,15 @@ pub trait Runner: Send + Sync + 'static {
     /// A watch of the cgroup's OOM events, when the memory controller
     /// offers one.
     fn watch_oom(&self, target: Target<'_>) -> Option<Box<dyn OomEvents>>;
+    /// Takes over process `pid`, a child of this process that the
+    /// previous image of the daemon started (an upgrade).
+    ///
+    /// # Errors
+    /// When the process cannot be watched (not this runner's to adopt, by
+    /// default).
+    fn adopt(&self, pid: i32) -> Result<Arc<dyn Process>> {
+        Err(ShimError::Runtime(format!("this runner cannot adopt pid {pid}")))
+    }
 }
 
 /// The runner of the daemon: libcontainer in helper processes.
@@ -274,6 +283,11 @@ impl Runner for HelperRunner {
 
     async fn oom_kills(&self, target: Target<'_>) -> Option<u64> {
         Cgroup::off_runtime(target, |c| Ok(c.oom_kills())).await.ok().flatten()
+    }
+
+    fn adopt(&self, pid: i32) -> Result<Arc<dyn Process>> {
+        let fd = PidFd::adopt(pid).map_err(|e| ShimError::io(format!("adopt pid {pid}"), e))?;
+        Ok(Arc::new(Watched(fd)))
     }
 
     fn watch_oom(&self, target: Target<'_>) -> Option<Box<dyn OomEvents>> {

@@ -64,6 +64,22 @@ impl ShimLog {
         self.lock().retain(|(k, _)| k != key);
     }
 
+    /// The open fifos, oldest first: (task key, fd). The fds stay valid
+    /// while attached (an upgrade duplicates them for the next image).
+    pub fn fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
+        use std::os::fd::AsRawFd as _;
+        self.lock().iter().map(|(k, f)| (k.clone(), f.as_raw_fd())).collect()
+    }
+
+    /// Forwards to a fifo the previous image of the daemon had open (see
+    /// [`ShimLog::fds`]), as the newest: containerd's copy never saw the
+    /// fifo's writer go.
+    pub fn adopt(&self, key: &str, fd: std::os::fd::OwnedFd) {
+        let mut fifos = self.lock();
+        fifos.retain(|(k, _)| k != key);
+        fifos.push((key.to_string(), File::from(fd)));
+    }
+
     /// Number of fifos written to.
     pub fn attached(&self) -> usize {
         self.lock().len()

@@ -130,6 +130,7 @@ impl Task for TaskService {
     }
 
     async fn wait(&self, ctx: &TtrpcContext, req: task_api::WaitRequest) -> ttrpc::Result<task_api::WaitResponse> {
+        let _waiting = self.service.begin_wait();
         self.guarded("Wait", self.service.wait(&self.ns(ctx), &req.id, &req.exec_id))
             .await
     }

@@ -74,7 +74,10 @@ impl Service {
         let Some(process) = proc.process() else {
             return;
         };
-        let st = match process.wait().await {
+        let waited = process.wait().await;
+        // Synchronously after the reap: an upgrade sees this exit in progress.
+        let _exiting = self.inner.tasks.exiting();
+        let st = match waited {
             Ok(st) => st,
             Err(e) => {
                 tracing::error!(task = %task.id, pid = process.pid(), error = %crate::error::chain(&e), "cannot reap process");

@@ -13,6 +13,7 @@
 //! | `create` | Create, with rollback |
 //! | `start` | Start of the init and of execs |
 //! | `exit` | exit and OOM watching, events in order |
+//! | `handover` | the task table across an upgrade |
 //! | `kill` | Kill, evictions |
 //! | `delete` | Delete |
 //! | `exec` | Exec |
@@ -24,6 +25,7 @@ mod create;
 mod delete;
 mod exec;
 mod exit;
+mod handover;
 mod kill;
 mod pause;
 mod pods;
@@ -42,7 +44,10 @@ use std::{
 
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 
-pub use self::status::{Illegal, Status};
+pub use self::{
+    handover::{PodState, ProcState, TableState, TaskState},
+    status::{Illegal, Status},
+};
 use self::{pods::Pods, process::Task, table::TaskTable};
 pub use crate::bundle::{DEFAULT_PATH_ENV, EXIT_STATUS_FILE};
 use crate::{
@@ -80,6 +85,15 @@ pub struct Service {
 
 /// A task request in flight (see [`Service::begin_request`]).
 pub struct RequestGuard(Service);
+
+/// A Wait in flight (see [`Service::begin_wait`]).
+pub struct WaitGuard(Service);
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        self.0.inner.tasks.end_wait();
+    }
+}
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
@@ -148,6 +162,14 @@ impl Service {
     pub fn begin_request(&self) -> RequestGuard {
         self.inner.tasks.begin_request();
         RequestGuard(self.clone())
+    }
+
+    /// Marks a request in flight as only waiting for an exit (Wait) until
+    /// the guard drops: an upgrade does not wait for it (see
+    /// `crate::upgrade::replayable`).
+    pub fn begin_wait(&self) -> WaitGuard {
+        self.inner.tasks.begin_wait();
+        WaitGuard(self.clone())
     }
 
     /// Records activity: an accepted connection (`start` probes the daemon

@@ -55,6 +55,16 @@ impl Pods {
         );
     }
 
+    /// Every pod with whether it was stopped (an upgrade's snapshot).
+    pub fn snapshot(&self) -> Vec<(api::PodSandbox, bool)> {
+        lock(&self.0).values().map(|p| (p.pod.clone(), p.stopped)).collect()
+    }
+
+    /// Puts back a pod of [`Pods::snapshot`].
+    pub fn restore(&self, pod: api::PodSandbox, stopped: bool) {
+        lock(&self.0).insert(pod.id.clone(), PodRecord { pod, stopped });
+    }
+
     /// Forgets pod `id`.
     pub fn remove(&self, id: &str) {
         lock(&self.0).remove(id);

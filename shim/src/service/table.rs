@@ -37,6 +37,19 @@ pub struct TaskTable {
     requests: AtomicUsize,
     /// Last accepted connection or finished request.
     activity: Mutex<Instant>,
+    /// Exits reaped and not yet fully published.
+    exiting: AtomicUsize,
+    /// Of the requests in flight, those only waiting for an exit.
+    waits: AtomicUsize,
+}
+
+/// An exit being published (see [`TaskTable::exiting`]).
+pub struct Exiting<'a>(&'a TaskTable);
+
+impl Drop for Exiting<'_> {
+    fn drop(&mut self) {
+        self.0.exiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Default for TaskTable {
@@ -48,6 +61,8 @@ impl Default for TaskTable {
             changed: tokio::sync::Notify::new(),
             requests: AtomicUsize::new(0),
             activity: Mutex::new(Instant::now()),
+            exiting: AtomicUsize::new(0),
+            waits: AtomicUsize::new(0),
         }
     }
 }
@@ -142,6 +157,43 @@ impl TaskTable {
     pub fn end_request(&self) {
         self.requests.fetch_sub(1, Ordering::SeqCst);
         self.touch();
+        self.changed.notify_waiters();
+    }
+
+    /// Counts an exit as being published until the guard drops: an
+    /// upgrade waits for none (the reaped status lives only in memory
+    /// until then).
+    pub fn exiting(&self) -> Exiting<'_> {
+        self.exiting.fetch_add(1, Ordering::SeqCst);
+        Exiting(self)
+    }
+
+    /// Counts a request in flight as only waiting (Wait) until
+    /// [`TaskTable::end_wait`]: an upgrade does not wait for it.
+    pub fn begin_wait(&self) {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A Wait finished.
+    pub fn end_wait(&self) {
+        self.waits.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// What is in progress that an upgrade must not cut: (requests in
+    /// flight other than Wait, creates reserved, exits being published).
+    pub fn in_progress(&self) -> (usize, usize, usize) {
+        (
+            self.requests
+                .load(Ordering::SeqCst)
+                .saturating_sub(self.waits.load(Ordering::SeqCst)),
+            lock(&self.creating).len(),
+            self.exiting.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Puts a task of the previous image back (an upgrade).
+    pub fn restore(&self, task: Arc<Task>) {
+        lock(&self.tasks).insert(key(&task.ns, &task.id), task);
         self.changed.notify_waiters();
     }
 

@@ -182,6 +182,13 @@ impl Runner for FakeRunner {
     async fn oom_kills(&self, _target: Target<'_>) -> Option<u64> {
         Some(self.oom_kills.load(Ordering::SeqCst))
     }
+    fn adopt(&self, pid: i32) -> crate::error::Result<Arc<dyn Process>> {
+        self.call(format!("adopt {pid}"));
+        let procs = self.procs.lock().unwrap();
+        let p = procs.values().find(|p| p.pid == pid).cloned();
+        p.map(|p| p as Arc<dyn Process>)
+            .ok_or_else(|| ShimError::NotFound(format!("pid {pid}")))
+    }
     fn watch_oom(&self, _target: Target<'_>) -> Option<Box<dyn crate::runner::OomEvents>> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         *self.oom_tx.lock().unwrap() = Some(tx);
@@ -1010,4 +1017,73 @@ async fn an_unknown_cdi_device_fails_the_create_naming_it_and_leaves_nothing() {
     assert!(text.contains("example.com/test=gpu8"), "{text}");
     assert!(f.nri.events().is_empty(), "{:?}", f.nri.events());
     f.create("c1", &[]).await.unwrap();
+}
+
+/// An upgrade's snapshot, through its file format, rebuilds the table in
+/// a new service: states, pids, exit statuses and pods are kept, live
+/// processes are adopted and their exits published by the new service.
+#[tokio::test]
+async fn the_task_table_survives_a_handover() {
+    let f = Fixture::new();
+    let pid1 = f.create("c1", &[]).await.unwrap();
+    f.service.start(NS, "c1", "").await.unwrap();
+    f.exec("c1", "e1").await.unwrap();
+    f.service.start(NS, "c1", "e1").await.unwrap();
+    f.create("c2", &[]).await.unwrap();
+    f.service.start(NS, "c2", "").await.unwrap();
+    f.runner.proc("c2").exit(3);
+    f.wait_topic_count(topics::EXIT, 1).await;
+    // The exit watcher finishes after publishing.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while f.service.busy().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", f.service.busy());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let state = f.service.handover_state(&mut |fd| Ok(fd)).unwrap();
+    let text = serde_json::to_vec(&state).unwrap();
+    let state: TableState = serde_json::from_slice(&text).unwrap();
+
+    let sink = Arc::new(MemorySink::default());
+    let next = Service::new(f.runner.clone(), f.dir.path().join("state"), sink.clone());
+    next.set_nri(f.nri.clone());
+    next.resume(state.clone(), &mut |_| None);
+    assert_eq!(next.task_count(), 2);
+    let c1 = next.state(NS, "c1", "").await.unwrap();
+    assert_eq!(
+        (c1.pid, c1.status.enum_value().unwrap()),
+        (pid1, task_api::Status::RUNNING)
+    );
+    let e1 = next.state(NS, "c1", "e1").await.unwrap();
+    assert_eq!(e1.status.enum_value().unwrap(), task_api::Status::RUNNING);
+    let c2 = next.state(NS, "c2", "").await.unwrap();
+    assert_eq!(
+        (c2.status.enum_value().unwrap(), c2.exit_status),
+        (task_api::Status::STOPPED, 3)
+    );
+    // The reaped one is not adopted again; the live ones are.
+    let adopted = f.runner.calls().iter().filter(|c| c.starts_with("adopt")).count();
+    assert_eq!(adopted, 2);
+    assert_eq!(next.nri_state().pods.len(), f.service.nri_state().pods.len());
+    // A snapshot of the rebuilt table is the same snapshot.
+    assert_eq!(
+        next.handover_state(&mut |fd| Ok(fd)).unwrap().tasks.len(),
+        state.tasks.len()
+    );
+
+    // Exits after the handover are the new service's to publish, the
+    // exec's before the init's.
+    f.runner.proc("c1/exec1").exit(0);
+    f.runner.proc("c1").exit(9);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sink.topics().iter().filter(|t| **t == topics::EXIT).count() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", sink.topics());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let c1 = next.state(NS, "c1", "").await.unwrap();
+    assert_eq!(
+        (c1.status.enum_value().unwrap(), c1.exit_status),
+        (task_api::Status::STOPPED, 9)
+    );
+    next.delete(NS, "c1", "").await.unwrap();
+    assert_eq!(next.task_count(), 1);
 }

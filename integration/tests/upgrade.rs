@@ -1,0 +1,473 @@
+//! In-place upgrade (issue 10): a new shim binary installed at the path
+//! the daemon runs from takes over through the `upgrade` action, while
+//! containers run, without containerd noticing; a binary that cannot take
+//! over leaves the old daemon serving. Real containerd (the harness's,
+//! `NRI_CONTAINERD` picks the version), a real pre-installed plugin. Root
+//! only.
+
+use std::{
+    io::BufRead as _,
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+    process::{Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use integration::{
+    Behaviour, EventLog,
+    containerd::{Containerd, RUNTIME, Setup, output_text as text, workspace_bin},
+    test_plugin_bin,
+};
+
+const SHIM: &str = "containerd-shim-nri-shim-v2";
+
+/// The plugin: logs creates and sets `UPG=adjusted` in every container.
+fn adjusting(log: &EventLog) -> String {
+    serde_json::to_string(&Behaviour {
+        log: Some(log.path().to_path_buf()),
+        events: Some("CreateContainer".into()),
+        adjust: Some(serde_json::json!({"env": [{"key": "UPG", "value": "adjusted"}]})),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// The shim binary containerd runs: a copy of this workspace's (not the
+/// harness's symlink), so the test can replace the file as an operator
+/// would and the daemon's path is this file.
+fn own_binary(c: &Containerd) -> PathBuf {
+    let path = c.dir.path().join("bin").join(SHIM);
+    std::fs::remove_file(&path).unwrap();
+    std::fs::copy(workspace_bin(SHIM), &path).unwrap();
+    path
+}
+
+/// Installs `content` at `path` as a package manager does: a new file
+/// renamed over the old one (a running binary cannot be written to).
+fn install(path: &Path, content: &[u8], mode: u32) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// `<binary> upgrade` as an operator runs it (the config names the state root).
+fn upgrade(c: &Containerd, binary: &Path) -> Output {
+    std::process::Command::new(binary)
+        .args(["-address", &c.sock.display().to_string(), "upgrade"])
+        .env("NRI_SHIM_CONFIG", c.shim_config())
+        .output()
+        .expect("run the upgrade action")
+}
+
+fn run_in(c: &Containerd, id: &str, flags: &[&str], cmd: &[&str]) {
+    let fifo = c.dir.path().join("fifo").display().to_string();
+    let rootfs = c.rootfs.display().to_string();
+    let mut args = vec!["run", "-d", "--fifo-dir", &fifo, "--runtime", RUNTIME];
+    args.extend(flags);
+    args.extend(["--rootfs", &rootfs, id]);
+    args.extend(cmd);
+    let out = c.ctr(&args);
+    assert!(
+        out.status.success(),
+        "ctr run {id}: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+}
+
+/// `ctr t ls` as (id, pid, status), sorted.
+fn tasks(c: &Containerd) -> Vec<(String, String, String)> {
+    let out = c.ctr(&["t", "ls"]);
+    let mut v: Vec<_> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.to_string(), f.get(1)?.to_string(), f.get(2)?.to_string()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn status_of(c: &Containerd, id: &str) -> Option<String> {
+    tasks(c).into_iter().find(|t| t.0 == id).map(|t| t.2)
+}
+
+fn wait_status(c: &Containerd, id: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_of(c, id).as_deref() != Some(want) {
+        assert!(
+            Instant::now() < deadline,
+            "{id} never {want}: {:?}\ncontainerd log:\n{}\nshim log:\n{}",
+            tasks(c),
+            tail(&c.log(), 40),
+            tail(&c.shim_log(), 60)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Numbers of the `line N` lines `ctr t attach` gets within `window`.
+fn attach_numbers(c: &Containerd, id: &str, window: Duration) -> Vec<u64> {
+    let mut child = integration::containerd::containerd_cmd("ctr")
+        .arg("-a")
+        .arg(&c.sock)
+        .args(["t", "attach", id])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ctr t attach");
+    let stdout = child.stdout.take().expect("attach stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + window;
+    let mut numbers = Vec::new();
+    while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if let Some(n) = l.strip_prefix("line ").and_then(|n| n.trim().parse().ok()) {
+            numbers.push(n);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    numbers
+}
+
+fn exe_inode(pid: i32) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/exe")).unwrap().ino()
+}
+
+/// containerd's log after `from` has no line of a lost shim (for the
+/// tasks `ids` only, when given: a task delete closes that task's
+/// connection and logs the same lines, for runc's shim too).
+fn assert_no_disconnect(c: &Containerd, from: usize, ids: Option<&[&str]>) {
+    let log = c.log();
+    let after = &log[from..];
+    for line in after.lines() {
+        let lost = [
+            "shim disconnected",
+            "cleaning up dead shim",
+            "cleaning up after dead shim",
+        ]
+        .iter()
+        .any(|n| line.contains(n));
+        let concerned = ids.is_none_or(|ids| ids.iter().any(|id| line.contains(&format!("id={id}"))));
+        assert!(
+            !(lost && concerned),
+            "containerd lost the shim: {line}\n{}",
+            tail(after, 80)
+        );
+    }
+}
+
+/// The plugin's adjustment is in the container's init environment.
+fn assert_adjusted(c: &Containerd, id: &str) {
+    let pid = tasks(c).into_iter().find(|t| t.0 == id).expect("task listed").1;
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let env = String::from_utf8_lossy(&env);
+    assert!(
+        env.split('\0').any(|v| v == "UPG=adjusted"),
+        "{id}: the plugin did not adjust it: {env:?}"
+    );
+}
+
+fn exec_out(c: &Containerd, id: &str, exec_id: &str, cmd: &[&str]) -> String {
+    let mut args = vec!["t", "exec", "--exec-id", exec_id, id];
+    args.extend(cmd);
+    let out = c.ctr(&args);
+    assert!(
+        out.status.success(),
+        "ctr t exec {id}: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn an_upgrade_keeps_every_container_and_connection() {
+    let logs = tempfile::tempdir().unwrap();
+    let log = EventLog::new(logs.path().join("events.jsonl"));
+    let c = Containerd::start(Setup {
+        plugins: vec![("10-adj", test_plugin_bin!().into(), adjusting(&log))],
+        idle_timeout: "60s",
+        ..Setup::default()
+    });
+    let binary = own_binary(&c);
+    let gate = c.dir.path().join("gate");
+    std::fs::create_dir_all(&gate).unwrap();
+    let bind = format!("type=bind,src={},dst=/gate,options=rbind:rw", gate.display());
+    let chatty = "i=0; while :; do echo line $i; i=$((i+1)); usleep 100000; done";
+    run_in(&c, "upg-run", &[], &["/bin/sleep", "1000"]);
+    run_in(&c, "upg-chatty", &[], &["/bin/sh", "-c", chatty]);
+    run_in(
+        &c,
+        "upg-exit",
+        &["--mount", &bind],
+        &[
+            "/bin/sh",
+            "-c",
+            "while [ ! -e /gate/exit ]; do usleep 20000; done; exit 7",
+        ],
+    );
+    // Exits as the upgrade begins: its exit lands before, during or right
+    // after the handover, and must be delivered once, exactly, in any case.
+    run_in(
+        &c,
+        "upg-during",
+        &["--mount", &bind],
+        &["/bin/sh", "-c", "while [ ! -e /gate/during ]; do :; done; exit 5"],
+    );
+    for id in ["upg-run", "upg-chatty", "upg-exit", "upg-during"] {
+        wait_status(&c, id, "RUNNING");
+    }
+    // An exec running across the upgrade.
+    let fifo = c.dir.path().join("fifo").display().to_string();
+    let exec = c.ctr(&[
+        "t",
+        "exec",
+        "-d",
+        "--fifo-dir",
+        &fifo,
+        "--exec-id",
+        "upg-long",
+        "upg-run",
+        "/bin/sleep",
+        "1000",
+    ]);
+    assert!(exec.status.success(), "exec upg-long: {}", text(&exec));
+    assert_adjusted(&c, "upg-run");
+    let before = tasks(&c);
+    let pid = c.shim_daemon_pid().expect("shim daemon runs");
+    let old_inode = exe_inode(pid);
+    let syncs = log.of("10-adj", "Synchronize").len();
+
+    // The operator installs the new binary and runs the upgrade.
+    let new = std::fs::read(workspace_bin(SHIM)).unwrap();
+    install(&binary, &new, 0o755);
+    let new_inode = std::fs::metadata(&binary).unwrap().ino();
+    assert_ne!(new_inode, old_inode);
+    let mark = c.log().len();
+    let shim_mark = c.shim_log().len();
+    std::fs::write(gate.join("during"), "").unwrap();
+    let out = upgrade(&c, &binary);
+    assert!(
+        out.status.success(),
+        "upgrade: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 60)
+    );
+    assert!(
+        text(&out).contains(&format!("ok pid={pid}")),
+        "upgrade said {}",
+        text(&out)
+    );
+
+    // The same daemon process, now running the new file.
+    assert_eq!(c.shim_daemon_pid(), Some(pid), "the daemon's pid changed");
+    assert_eq!(exe_inode(pid), new_inode, "/proc/{pid}/exe is not the new binary");
+    let shim_log = c.shim_log()[shim_mark..].to_string();
+    assert!(
+        shim_log.contains("handing over to the new binary") && shim_log.contains("taking over after an upgrade"),
+        "{shim_log}"
+    );
+
+    // Nothing changed for containerd: the same tasks, pids and states
+    // (the one that exited around the handover aside).
+    wait_status(&c, "upg-during", "STOPPED");
+    let strip =
+        |v: Vec<(String, String, String)>| -> Vec<_> { v.into_iter().filter(|t| t.0 != "upg-during").collect() };
+    assert_eq!(strip(tasks(&c)), strip(before));
+    assert_no_disconnect(&c, mark, None);
+    // Its exit code is the one it exited with.
+    let rm = c.ctr(&["t", "rm", "upg-during"]);
+    assert!(
+        rm.status.success() && text(&rm).contains("exit code 5"),
+        "ctr t rm upg-during: {}",
+        text(&rm)
+    );
+
+    // The chatty container's output goes on, without a gap.
+    let numbers = attach_numbers(&c, "upg-chatty", Duration::from_secs(2));
+    assert!(numbers.len() >= 10, "attach after the upgrade got {numbers:?}");
+    assert!(
+        numbers.windows(2).all(|w| w[1] == w[0] + 1),
+        "lines not consecutive: {numbers:?}"
+    );
+
+    // An exit after the upgrade reaches containerd with its code.
+    std::fs::write(gate.join("exit"), "").unwrap();
+    wait_status(&c, "upg-exit", "STOPPED");
+    let rm = c.ctr(&["t", "rm", "upg-exit"]);
+    assert!(
+        rm.status.success() && text(&rm).contains("exit code 7"),
+        "ctr t rm upg-exit: {}",
+        text(&rm)
+    );
+
+    // Exec, kill and delete work; the exec started before is still known.
+    assert_eq!(exec_out(&c, "upg-run", "upg-after", &["/bin/echo", "after"]), "after");
+    let kill = c.ctr(&["t", "kill", "--exec-id", "upg-long", "-s", "SIGKILL", "upg-run"]);
+    assert!(
+        kill.status.success(),
+        "kill the exec started before the upgrade: {}",
+        text(&kill)
+    );
+    let kill = c.ctr(&["t", "kill", "-s", "SIGKILL", "upg-run"]);
+    assert!(kill.status.success(), "kill: {}", text(&kill));
+    wait_status(&c, "upg-run", "STOPPED");
+    let rm = c.ctr(&["t", "rm", "upg-run"]);
+    assert!(
+        rm.status.success() && text(&rm).contains("exit code 137"),
+        "ctr t rm upg-run: {}",
+        text(&rm)
+    );
+
+    // The pre-installed plugin was started again, synchronized, and
+    // adjusts new containers.
+    assert!(
+        log.of("10-adj", "Synchronize").len() > syncs,
+        "the plugin was not synchronized again"
+    );
+    run_in(&c, "upg-new", &[], &["/bin/sleep", "1000"]);
+    wait_status(&c, "upg-new", "RUNNING");
+    assert_adjusted(&c, "upg-new");
+    assert_no_disconnect(&c, mark, Some(&["upg-chatty", "upg-new"]));
+
+    // A second upgrade works too (the daemon runs from the same path).
+    let out = upgrade(&c, &binary);
+    assert!(out.status.success(), "second upgrade: {}", text(&out));
+    wait_status(&c, "upg-new", "RUNNING");
+    assert_eq!(exec_out(&c, "upg-new", "upg-env3", &["/bin/echo", "again"]), "again");
+    let numbers = attach_numbers(&c, "upg-chatty", Duration::from_secs(2));
+    assert!(numbers.len() >= 10, "attach after the second upgrade got {numbers:?}");
+    assert_no_disconnect(&c, mark, Some(&["upg-chatty", "upg-new"]));
+}
+
+#[test]
+fn a_binary_that_cannot_take_over_leaves_the_daemon_serving() {
+    let c = Containerd::start(Setup {
+        idle_timeout: "60s",
+        ..Setup::default()
+    });
+    let binary = own_binary(&c);
+    run_in(&c, "upg-keep", &[], &["/bin/sleep", "1000"]);
+    wait_status(&c, "upg-keep", "RUNNING");
+    let pid = c.shim_daemon_pid().expect("shim daemon runs");
+    let inode = exe_inode(pid);
+    let before = tasks(&c);
+    let mark = c.log().len();
+    let good = std::fs::read(workspace_bin(SHIM)).unwrap();
+
+    // Not executable, then a binary of another handover format.
+    install(&binary, &good, 0o644);
+    let out = upgrade(&c, &workspace_bin(SHIM));
+    assert!(!out.status.success(), "upgrade to a non-executable file succeeded");
+    for needle in ["kept running the old binary", "refused", "cannot run it"] {
+        assert!(text(&out).contains(needle), "{needle:?} not in {}", text(&out));
+    }
+    install(&binary, b"#!/bin/sh\necho nri-shim handover 999\n", 0o755);
+    let out = upgrade(&c, &workspace_bin(SHIM));
+    assert!(!out.status.success(), "upgrade to an incompatible binary succeeded");
+    assert!(text(&out).contains("nri-shim handover 999"), "{}", text(&out));
+
+    // The same process and image serve on: tasks, exec, new containers.
+    assert_eq!(c.shim_daemon_pid(), Some(pid));
+    assert_eq!(exe_inode(pid), inode);
+    assert_eq!(tasks(&c), before);
+    assert_eq!(exec_out(&c, "upg-keep", "upg-e1", &["/bin/echo", "still"]), "still");
+    install(&binary, &good, 0o755);
+    run_in(&c, "upg-keep2", &[], &["/bin/sleep", "1000"]);
+    wait_status(&c, "upg-keep2", "RUNNING");
+    assert_no_disconnect(&c, mark, None);
+}
+
+/// A terminal container's output, which the daemon copies from the pty
+/// master to the stdout fifo, goes on across an upgrade: no line lost or
+/// repeated.
+#[test]
+fn a_terminal_containers_output_goes_on_across_an_upgrade() {
+    let c = Containerd::start(Setup {
+        idle_timeout: "60s",
+        ..Setup::default()
+    });
+    let binary = own_binary(&c);
+    let chatty = "i=0; while :; do echo line $i; i=$((i+1)); usleep 100000; done";
+    // `ctr run -t` wants a console even detached: `script` gives it one.
+    let ctr = integration::containerd::containerd_cmd("ctr")
+        .get_program()
+        .to_string_lossy()
+        .into_owned();
+    let cmdline = format!(
+        "{ctr} -a {} run -d -t --fifo-dir {} --runtime {RUNTIME} --rootfs {} upg-tty /bin/sh -c '{chatty}'",
+        c.sock.display(),
+        c.dir.path().join("fifo").display(),
+        c.rootfs.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmdline, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs ctr on a pty");
+    assert!(out.status.success(), "ctr run -t: {}", text(&out));
+    wait_status(&c, "upg-tty", "RUNNING");
+    // ctr's fifos: <fifo dir>/<random>/upg-tty-stdout.
+    let fifo = std::fs::read_dir(c.dir.path().join("fifo"))
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("upg-tty-stdout"))
+        .find(|p| p.exists())
+        .expect("the tty's stdout fifo");
+    let reader = std::fs::File::open(&fifo).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(reader).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let numbers_for = |window: Duration| {
+        let deadline = Instant::now() + window;
+        let mut v: Vec<u64> = Vec::new();
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if let Some(n) = l.trim().strip_prefix("line ").and_then(|n| n.parse().ok()) {
+                v.push(n);
+            }
+        }
+        v
+    };
+    let before = numbers_for(Duration::from_secs(1));
+    assert!(!before.is_empty(), "no output before the upgrade");
+    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let out = upgrade(&c, &binary);
+    assert!(
+        out.status.success(),
+        "upgrade: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+    let after = numbers_for(Duration::from_secs(2));
+    assert!(after.len() >= 10, "output after the upgrade: {after:?}");
+    let all: Vec<u64> = before.iter().chain(&after).copied().collect();
+    assert!(
+        all.windows(2).all(|w| w[1] == w[0] + 1),
+        "lines lost or repeated: {all:?}"
+    );
+    let kill = c.ctr(&["t", "kill", "-s", "SIGKILL", "upg-tty"]);
+    assert!(kill.status.success(), "kill: {}", text(&kill));
+    wait_status(&c, "upg-tty", "STOPPED");
+}
