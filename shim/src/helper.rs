@@ -293,9 +293,16 @@ pub fn run_inline(req: Request) -> Response {
 /// returns. Must run before any thread is started.
 pub fn helper_main() -> ! {
     // libcontainer logs through tracing; its warnings go to our stderr,
-    // which the daemon forwards to the shim log.
+    // which the daemon forwards to the shim log. Only this process's:
+    // libcontainer's forked intermediate and init processes inherit the
+    // subscriber, and there fd 2 becomes the container's own stderr
+    // (a user's `ctr run` printed libcontainer's log lines of a missing
+    // executable), while keeping our pipe open in them would hold the
+    // daemon's read until the container execs. Their errors reach us
+    // through libcontainer's channel, in the operation's result.
+    let helper = std::process::id();
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(move || HelperLog(std::process::id() == helper))
         .with_ansi(false)
         // libcgroups warns once per cgroup v1 controller the host lacks
         // (hugetlb, perf_event, ...) and per cgroup v2 controller it does
@@ -322,6 +329,24 @@ pub fn helper_main() -> ! {
     let mut out = std::io::stdout();
     let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
     std::process::exit(0);
+}
+
+/// The helper's log writer: stderr in the helper itself (`true`), nothing
+/// in the processes libcontainer forks from it (see [`helper_main`]).
+struct HelperLog(bool);
+
+impl Write for HelperLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0 {
+            std::io::stderr().write(buf)
+        } else {
+            Ok(buf.len())
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.0 { std::io::stderr().flush() } else { Ok(()) }
+    }
 }
 
 /// Runs one operation in a helper process (daemon side). `stdio` becomes
