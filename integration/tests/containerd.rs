@@ -147,6 +147,51 @@ fn c_exit_code_of_the_container_reaches_ctr() {
     );
 }
 
+/// A container whose executable is missing: `ctr` prints one line, the
+/// error, as with runc; the container's stderr gets none of the
+/// runtime's log lines (libcontainer's init used to log the failure
+/// there), and the error names the path once.
+#[test]
+fn a_missing_executable_is_one_error_line_as_with_runc() {
+    let c = Containerd::start(Setup::default());
+    let lines = |runtime: &str, id: &str, exec: bool| {
+        let out = if exec {
+            let started = c.run_with(runtime, id, &["-d"], &["/bin/sleep", "100"]);
+            assert!(started.status.success(), "{}", text(&started));
+            let out = c.ctr(&["t", "exec", "--exec-id", "e1", id, "/nonexistent"]);
+            let _ = c.ctr(&["t", "kill", "-s", "SIGKILL", id]);
+            let _ = c.ctr(&["t", "delete", "-f", id]);
+            let _ = c.ctr(&["c", "rm", id]);
+            out
+        } else {
+            c.run_with(runtime, id, &["--rm"], &["/nonexistent"])
+        };
+        assert!(!out.status.success(), "{runtime} {id} ran it");
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    for exec in [false, true] {
+        let what = if exec { "exec" } else { "run" };
+        let runc = lines("io.containerd.runc.v2", &format!("ctrd-noexe-runc-{what}"), exec);
+        let nri = lines(
+            integration::containerd::RUNTIME,
+            &format!("ctrd-noexe-nri-{what}"),
+            exec,
+        );
+        println!("{what} /nonexistent\n  runc:     {runc:?}\n  nri-shim: {nri:?}");
+        assert_eq!(runc.len(), 1, "runc: {runc:?}");
+        assert_eq!(nri.len(), 1, "{what}: nri-shim printed more than the error: {nri:#?}");
+        assert!(
+            nri[0].starts_with("ctr: ") && nri[0].contains("'/nonexistent' not found"),
+            "{nri:?}"
+        );
+        assert!(!nri[0].contains("error error"), "{nri:?}");
+    }
+}
+
 #[test]
 fn d_conflicting_plugins_fail_the_run_and_leave_nothing() {
     let logs = tempfile::tempdir().unwrap();

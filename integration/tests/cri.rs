@@ -709,17 +709,19 @@ async fn update(cri: &Cri, h: &'static str) -> Vec<String> {
         read("memory", "memory.limit_in_bytes"),
         read("cpu", "cpu.shares")
     )];
-    c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
-        container_id: id.clone(),
-        linux: Some(api::LinuxContainerResources {
-            memory_limit_in_bytes: 64 << 20,
-            cpu_shares: 512,
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await
-    .expect("UpdateContainerResources");
+    // Through `cri-update`, the command the README gives for it.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_cri-update"))
+        .arg("--address")
+        .arg(&cri.sock)
+        .args(["--memory", &(64 << 20).to_string(), "--cpu-shares", "512", &id])
+        .output()
+        .await
+        .expect("run cri-update");
+    assert!(
+        out.status.success(),
+        "cri-update: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     obs.push(format!(
         "after: memory.limit_in_bytes={} cpu.shares={}",
         read("memory", "memory.limit_in_bytes"),

@@ -32,7 +32,10 @@
 //! ```
 //!
 //! Pods and containers are NRI objects in protobuf JSON; a container may
-//! instead name an OCI `config.json` (relative to the scenario file). Like a
+//! instead name an OCI `config.json` (relative to the scenario file); its
+//! `io.kubernetes.cri.*` name annotations (container-name, sandbox-id,
+//! -name, -namespace, -uid), where the file has them, are rewritten to the
+//! scenario's container and pod, so one fixture serves many scenarios. Like a
 //! runtime, a successful create, start or update step is followed by its
 //! Post event.
 //!

@@ -154,6 +154,29 @@ fn parse_msg<M: MessageFull>(what: &str, v: &Value) -> Result<M, ScenarioError> 
     })
 }
 
+/// The CRI annotations a `config.json` fixture carries, made to name the
+/// scenario's container and pod: one fixture serves many scenarios, and a
+/// plugin matching on `io.kubernetes.cri.sandbox-name` must see the pod the
+/// scenario says, as containerd's CRI would write it. Only keys the fixture
+/// has are rewritten (a spec without them is not a CRI container).
+fn name_cri_annotations(spec: &mut oci_spec::runtime::Spec, name: &str, pod: &api::PodSandbox) {
+    let Some(mut a) = spec.annotations().clone() else {
+        return;
+    };
+    for (key, value) in [
+        ("io.kubernetes.cri.container-name", name),
+        ("io.kubernetes.cri.sandbox-id", pod.id.as_str()),
+        ("io.kubernetes.cri.sandbox-name", pod.name.as_str()),
+        ("io.kubernetes.cri.sandbox-namespace", pod.namespace.as_str()),
+        ("io.kubernetes.cri.sandbox-uid", pod.uid.as_str()),
+    ] {
+        if let Some(v) = a.get_mut(key) {
+            *v = value.to_string();
+        }
+    }
+    spec.set_annotations(Some(a));
+}
+
 /// A loaded scenario: pods and containers resolved.
 pub struct Loaded {
     /// Pods by id.
@@ -224,8 +247,9 @@ pub fn load(path: &Path) -> Result<Loaded, ScenarioError> {
                 let file = base.join(cfg);
                 let text = std::fs::read_to_string(&file)
                     .map_err(|e| object_err(what.clone(), format!("{}: {e}", file.display())))?;
-                let spec: oci_spec::runtime::Spec = serde_json::from_str(&text)
+                let mut spec: oci_spec::runtime::Spec = serde_json::from_str(&text)
                     .map_err(|e| object_err(what.clone(), format!("{}: {e}", file.display())))?;
+                name_cri_annotations(&mut spec, &name, &pods[&c.pod]);
                 (convert::container_from_spec(&c.id, &c.pod, &name, &spec), Some(spec))
             }
             _ => {

@@ -40,6 +40,9 @@ impl Metrics {
     }
 }
 
+/// How long [`Cgroup::remove`] waits for killed processes to leave.
+pub const REMOVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The cgroup of one container.
 pub struct Cgroup {
     path: PathBuf,
@@ -159,12 +162,26 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Removes the cgroup's directories (it must be empty).
+    /// Removes the cgroup's directories, killing what still runs in them.
+    ///
+    /// libcgroups SIGKILLs the processes and gives them about 100 ms to
+    /// leave before its `rmdir` fails with EBUSY; a process killed on a
+    /// loaded node can take longer to exit (freeing its memory), and the
+    /// cgroup was then left behind. So a failed attempt is repeated (each
+    /// one kills again) until the cgroup is gone or [`REMOVE_PATIENCE`]
+    /// has passed, as runc's shim too retries the removal.
     ///
     /// # Errors
-    /// A directory could not be removed.
+    /// A directory still could not be removed after [`REMOVE_PATIENCE`].
     pub fn remove(&self) -> Result<()> {
-        self.manager.remove().map_err(|e| err("remove", &self.path, e))
+        let deadline = std::time::Instant::now() + REMOVE_PATIENCE;
+        loop {
+            match self.manager.remove() {
+                Ok(()) => return Ok(()),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(err("remove", &self.path, e)),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
     }
 
     /// Freezes or thaws every process.

@@ -28,6 +28,7 @@
 //! state_root = "/run/nri-shim"  # daemon sockets and libcontainer state
 //! idle_timeout = "30s"          # daemon exits after this long with no containers
 //! log_level = "info"
+//! log_max_size = "10MiB"        # shim.log rotates to shim.log.1 at this size; "0": never
 //!
 //! [cdi]
 //! spec_dirs = ["/etc/cdi", "/var/run/cdi"]  # lowest priority first
@@ -250,6 +251,39 @@ pub struct ShimConfig {
     /// (`info,nri_adaptation=debug`), checked when the file is loaded.
     #[serde(deserialize_with = "log_filter")]
     pub log_level: String,
+    /// `shim.log` is rotated when it reaches this many bytes: renamed to
+    /// `shim.log.1` (replacing the previous one) and started anew, so the
+    /// log of a daemon that runs for months holds at most twice this.
+    /// Written as a byte size (`"10MiB"`, `"512KiB"`, `"1GiB"`, `"4096"`);
+    /// `"0"` never rotates.
+    #[serde(deserialize_with = "byte_size")]
+    pub log_max_size: u64,
+}
+
+/// Accepts a byte size: a whole number with an optional binary unit `B`,
+/// `KiB`, `MiB` or `GiB`.
+fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_byte_size(&s).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "invalid size {s:?} (a whole number of bytes, optionally with a unit B, KiB, MiB or GiB, e.g. \"10MiB\")"
+        ))
+    })
+}
+
+/// Parses a byte size such as `10MiB` (see [`ShimConfig::log_max_size`]);
+/// `None` for anything else, including a size beyond `u64`.
+pub fn parse_byte_size(s: &str) -> Option<u64> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(digits);
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return None,
+    };
+    n.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 /// Accepts `LEVEL` and `target=LEVEL` directives, comma-separated (the
@@ -277,6 +311,7 @@ impl Default for ShimConfig {
             state_root: PathBuf::from("/run/nri-shim"),
             idle_timeout: Duration::from_secs(30),
             log_level: "info".into(),
+            log_max_size: 10 << 20,
         }
     }
 }
@@ -644,6 +679,23 @@ mod tests {
             .collect();
         let all: Vec<&str> = FieldGroup::ALL.iter().map(|g| g.as_str()).collect();
         assert_eq!(table, all);
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_byte_size("4096"), Some(4096));
+        assert_eq!(parse_byte_size("4096B"), Some(4096));
+        assert_eq!(parse_byte_size("512KiB"), Some(512 << 10));
+        assert_eq!(parse_byte_size("10MiB"), Some(10 << 20));
+        assert_eq!(parse_byte_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_byte_size("0"), Some(0));
+        for bad in ["", "MiB", "10MB", "10 MiB", "-1", "1.5MiB", "99999999999999999999GiB"] {
+            assert_eq!(parse_byte_size(bad), None, "{bad:?}");
+        }
+        let c = Config::parse("[shim]\nlog_max_size = \"64KiB\"\n", Path::new("c.toml")).unwrap();
+        assert_eq!(c.shim.log_max_size, 64 << 10);
+        let e = Config::parse("[shim]\nlog_max_size = \"10MB\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("invalid size \"10MB\""), "{e}");
     }
 
     #[test]

@@ -434,6 +434,7 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
         handle.reload(log_filter(level)?)?;
         Ok(())
     };
+    crate::shimlog::rotate_stderr(&dir.join("shim.log"), config.shim.log_max_size);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(serve(flags, config, dir, ready, &set_log_level, resume))
 }
@@ -846,6 +847,9 @@ async fn reload_config(running: &mut Config, nri: Option<&Adaptation>, set_log_l
             tracing::error!(error = %format!("{e:#}"), "config reload: cannot set the log level");
             effective.shim.log_level = running.shim.log_level.clone();
         }
+    }
+    if plan.live.contains(&"shim.log_max_size") {
+        crate::shimlog::set_log_max_size(effective.shim.log_max_size);
     }
     if let Some(nri) = nri {
         match nri.reconfigure(effective.nri.options()).await {

@@ -94,9 +94,21 @@ impl From<ShimError> for ttrpc::Error {
 /// its own level and leaves its cause to [`std::error::Error::source`], so
 /// whoever shows an error to a person (a ttrpc reply, a log line, an exit
 /// message) walks the chain once, here.
+///
+/// Some library errors (libcontainer's, libcgroups') put their source in
+/// their own text as well; a cause whose text the message before it
+/// already ends with is left out, so it is not read twice (`could not delete:
+/// at /sys/fs/cgroup/...: could not delete`).
 pub fn chain(e: &dyn std::error::Error) -> String {
-    let causes = std::iter::successors(Some(e), |e| e.source());
-    causes.map(|e| e.to_string()).collect::<Vec<_>>().join(": ")
+    let mut out: Vec<String> = Vec::new();
+    for cause in std::iter::successors(Some(e), |e| e.source()) {
+        let text = cause.to_string();
+        if out.last().is_some_and(|prev| prev.ends_with(&text)) {
+            continue;
+        }
+        out.push(text);
+    }
+    out.join(": ")
 }
 
 /// Result of task operations.
@@ -105,6 +117,28 @@ pub type Result<T> = std::result::Result<T, ShimError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Wrapped {
+        /// Says its source in its own text, as libcontainer's errors do.
+        #[error("io error: {0}")]
+        Io(#[source] std::io::Error),
+        #[error("delete failed")]
+        Outer(#[source] Box<Wrapped>),
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = || std::io::Error::other("at /sys/fs/cgroup/x: could not delete");
+        assert_eq!(chain(&Wrapped::Io(io())), "io error: at /sys/fs/cgroup/x: could not delete");
+        assert_eq!(
+            chain(&Wrapped::Outer(Box::new(Wrapped::Io(io())))),
+            "delete failed: io error: at /sys/fs/cgroup/x: could not delete"
+        );
+        // A cause that only looks alike is kept.
+        let e = ShimError::io("open /run/x", std::io::Error::other("open"));
+        assert_eq!(chain(&e), "open /run/x: open");
+    }
 
     #[test]
     fn every_variant_maps_to_its_code() {

@@ -212,29 +212,61 @@ fn run(req: Request) -> Response {
             root,
             force,
             cgroups_path,
-        } => {
-            let dir = root.join(&id);
-            if !dir.exists() {
-                return Response::Ok { pid: None };
-            }
-            match Container::load(dir.clone()) {
-                Ok(mut c) => c.delete(force).map(|_| None),
-                Err(e) => {
-                    // Unreadable state must not make the task undeletable:
-                    // remove what we know of by hand.
-                    tracing::warn!(container = %id, error = %chain(&e), "libcontainer state unreadable, removing it");
-                    if let Some(path) = cgroups_path {
-                        let _ = crate::cgroups::Cgroup::open(&path, &id).and_then(|c| c.remove());
-                    }
-                    let _ = std::fs::remove_dir_all(&dir);
-                    Ok(None)
-                }
-            }
-        }
+        } => return delete(&id, &root, force, cgroups_path.as_deref()),
     };
     match result {
         Ok(pid) => Response::Ok { pid },
         Err(e) => failure(e),
+    }
+}
+
+/// Deletes container `id`: libcontainer's state, its processes and, given
+/// its path, its cgroup.
+///
+/// libcontainer gives processes it SIGKILLs about 100 ms to leave their
+/// cgroup; past that its delete fails before removing its state, and a
+/// failed create removes its state but leaves the cgroup. So the cgroup is
+/// removed here with [`crate::cgroups::Cgroup::remove`]'s patience: after
+/// a failed libcontainer delete (which is then run again), and after
+/// libcontainer is done or had nothing (a cgroup left by a failed create).
+fn delete(id: &str, root: &Path, force: bool, cgroups_path: Option<&Path>) -> Response {
+    use libcontainer::container::Container;
+    let remove_cgroup = || match cgroups_path {
+        Some(path) => crate::cgroups::Cgroup::open(path, id).and_then(|c| c.remove()),
+        None => Ok(()),
+    };
+    let other = |e: ShimError| Response::Err {
+        kind: FailureKind::Other,
+        message: chain(&e),
+    };
+    let dir = root.join(id);
+    if dir.exists() {
+        match Container::load(dir.clone()) {
+            Ok(mut c) => {
+                if let Err(e) = c.delete(force) {
+                    if cgroups_path.is_none() {
+                        return failure(e);
+                    }
+                    tracing::warn!(container = %id, error = %chain(&e), "libcontainer delete failed; removing the cgroup, then again");
+                    if let Err(e) = remove_cgroup() {
+                        return other(e);
+                    }
+                    if let Err(e) = c.delete(force) {
+                        return failure(e);
+                    }
+                }
+            }
+            Err(e) => {
+                // Unreadable state must not make the task undeletable:
+                // remove what we know of by hand.
+                tracing::warn!(container = %id, error = %chain(&e), "libcontainer state unreadable, removing it");
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+    match remove_cgroup() {
+        Ok(()) => Response::Ok { pid: None },
+        Err(e) => other(e),
     }
 }
 
@@ -261,9 +293,16 @@ pub fn run_inline(req: Request) -> Response {
 /// returns. Must run before any thread is started.
 pub fn helper_main() -> ! {
     // libcontainer logs through tracing; its warnings go to our stderr,
-    // which the daemon forwards to the shim log.
+    // which the daemon forwards to the shim log. Only this process's:
+    // libcontainer's forked intermediate and init processes inherit the
+    // subscriber, and there fd 2 becomes the container's own stderr
+    // (a user's `ctr run` printed libcontainer's log lines of a missing
+    // executable), while keeping our pipe open in them would hold the
+    // daemon's read until the container execs. Their errors reach us
+    // through libcontainer's channel, in the operation's result.
+    let helper = std::process::id();
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(move || HelperLog(std::process::id() == helper))
         .with_ansi(false)
         // libcgroups warns once per cgroup v1 controller the host lacks
         // (hugetlb, perf_event, ...) and per cgroup v2 controller it does
@@ -290,6 +329,24 @@ pub fn helper_main() -> ! {
     let mut out = std::io::stdout();
     let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
     std::process::exit(0);
+}
+
+/// The helper's log writer: stderr in the helper itself (`true`), nothing
+/// in the processes libcontainer forks from it (see [`helper_main`]).
+struct HelperLog(bool);
+
+impl Write for HelperLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0 {
+            std::io::stderr().write(buf)
+        } else {
+            Ok(buf.len())
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.0 { std::io::stderr().flush() } else { Ok(()) }
+    }
 }
 
 /// Runs one operation in a helper process (daemon side). `stdio` becomes

@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `shim.log_level` | applied |
 //! | `shim.idle_timeout` | applied |
+//! | `shim.log_max_size` | applied from the next log line |
 //! | `nri.plugin_path`, `nri.plugin_config_path` | applied: pre-installed plugins follow the directory |
 //! | `nri.plugin_registration_timeout`, `nri.plugin_request_timeout`, `nri.failure_policy` | applied: pre-installed plugins are restarted with them; connected external plugins keep theirs until they reconnect |
 //! | `nri.default_validator` | applied from the next request |
@@ -39,11 +40,13 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
     // `new` taken apart whole: a key added to the config does not compile
     // (an unused binding) until it is sorted into live or needs-restart.
     let Config {
-        shim: ShimConfig {
-            state_root,
-            idle_timeout,
-            log_level,
-        },
+        shim:
+            ShimConfig {
+                state_root,
+                idle_timeout,
+                log_level,
+                log_max_size,
+            },
         nri:
             NriConfig {
                 disable,
@@ -76,6 +79,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
     key!(shim.state_root, RESTART);
     key!(shim.idle_timeout, LIVE);
     key!(shim.log_level, LIVE);
+    key!(shim.log_max_size, LIVE);
     key!(nri.disable, RESTART);
     key!(nri.socket_path, RESTART);
     key!(nri.disable_connections, RESTART);

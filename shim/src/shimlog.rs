@@ -13,8 +13,11 @@
 use std::{
     fs::{File, OpenOptions},
     io::{self, Write},
-    os::unix::fs::{FileTypeExt, OpenOptionsExt},
-    path::Path,
+    os::{
+        fd::{AsRawFd, RawFd},
+        unix::fs::{FileTypeExt, OpenOptionsExt},
+    },
+    path::{Path, PathBuf},
     sync::Mutex,
 };
 
@@ -105,6 +108,93 @@ impl ShimLog {
     }
 }
 
+/// Size-based rotation of `shim.log`, which is the daemon's stdout and
+/// stderr (the `start` action opens it for the daemon, so panics and what
+/// libraries print land there too): once `max` bytes were written, the
+/// file is renamed to `shim.log.1` (replacing the previous one), a new one
+/// is opened at the path and put in place of `fds` with `dup2`, so every
+/// writer of the process follows. Helper processes started before keep
+/// writing to the old file until they exit.
+#[derive(Debug)]
+pub struct Rotation {
+    path: PathBuf,
+    max: u64,
+    written: u64,
+    fds: Vec<RawFd>,
+}
+
+impl Rotation {
+    /// Rotation of the file at `path`, open as each of `fds`, at `max`
+    /// bytes (0: never); what the file already holds counts.
+    pub fn new(path: &Path, max: u64, fds: Vec<RawFd>) -> Rotation {
+        let written = std::fs::metadata(path).map_or(0, |m| m.len());
+        Rotation {
+            path: path.to_path_buf(),
+            max,
+            written,
+            fds,
+        }
+    }
+
+    /// Counts `n` more bytes written; rotates when the size is reached.
+    ///
+    /// # Errors
+    /// The rename, open or `dup2` that failed; the count restarts, so the
+    /// next attempt comes `max` bytes later rather than at every line.
+    pub fn wrote(&mut self, n: usize) -> io::Result<bool> {
+        self.written = self.written.saturating_add(n as u64);
+        if self.max == 0 || self.written < self.max {
+            return Ok(false);
+        }
+        self.written = 0;
+        let mut old = self.path.clone().into_os_string();
+        old.push(".1");
+        std::fs::rename(&self.path, &old)?;
+        let new = OpenOptions::new().create(true).append(true).open(&self.path)?;
+        for fd in &self.fds {
+            // SAFETY: both fds are open; dup2 atomically replaces `fd`,
+            // which stays owned by whoever owned it (stdout, stderr).
+            if unsafe { libc::dup2(new.as_raw_fd(), *fd) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(true)
+    }
+
+    /// A new size limit (a config reload); 0 stops rotating.
+    pub fn set_max(&mut self, max: u64) {
+        self.max = max;
+    }
+}
+
+/// The daemon's `shim.log` rotation, when its stderr is that file.
+static ROTATION: Mutex<Option<Rotation>> = Mutex::new(None);
+
+/// Rotates the daemon's stdout and stderr at `max` bytes when stderr is
+/// the file at `path` (the daemon `start` spawned); anything else (a
+/// daemon run by hand, a test) is left alone.
+pub fn rotate_stderr(path: &Path, max: u64) {
+    let mut r = crate::sync::lock(&ROTATION);
+    let same = |a: &std::fs::Metadata, b: &std::fs::Metadata| {
+        use std::os::unix::fs::MetadataExt;
+        a.dev() == b.dev() && a.ino() == b.ino()
+    };
+    let stderr = std::fs::metadata("/proc/self/fd/2");
+    if let (Ok(e), Ok(f)) = (stderr, std::fs::metadata(path)) {
+        if same(&e, &f) {
+            *r = Some(Rotation::new(path, max, vec![libc::STDOUT_FILENO, libc::STDERR_FILENO]));
+        }
+    }
+}
+
+/// A new size for [`rotate_stderr`]'s rotation (a config reload), if it
+/// rotates.
+pub fn set_log_max_size(max: u64) {
+    if let Some(r) = crate::sync::lock(&ROTATION).as_mut() {
+        r.set_max(max);
+    }
+}
+
 /// A `tracing_subscriber` writer: each formatted event goes to stderr (the
 /// daemon's `shim.log`) and to containerd through [`SHIM_LOG`].
 pub fn writer() -> LogWriter<'static> {
@@ -120,6 +210,12 @@ pub struct LogWriter<'a> {
 impl Write for LogWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let _ = io::stderr().write_all(buf);
+        if let Some(r) = crate::sync::lock(&ROTATION).as_mut() {
+            if let Err(e) = r.wrote(buf.len()) {
+                // Not through tracing: this is the log's own writer.
+                let _ = writeln!(io::stderr(), "cannot rotate {}: {e}", r.path.display());
+            }
+        }
         self.log.forward(buf);
         Ok(buf.len())
     }
@@ -134,6 +230,37 @@ mod tests {
     use std::io::Read;
 
     use super::*;
+
+    #[test]
+    fn the_log_rotates_at_its_size_and_writers_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shim.log");
+        std::fs::write(&path, "old line\n").unwrap();
+        // A descriptor standing for stderr: opened once, written by number.
+        let mut log = OpenOptions::new().append(true).open(&path).unwrap();
+        let mut r = Rotation::new(&path, 32, vec![log.as_raw_fd()]);
+        log.write_all(b"0123456789\n").unwrap();
+        assert!(!r.wrote(11).unwrap(), "20 of 32 bytes");
+        log.write_all(b"0123456789ab\n").unwrap();
+        assert!(r.wrote(13).unwrap(), "33 of 32 bytes");
+        log.write_all(b"after\n").unwrap();
+        let rotated = std::fs::read_to_string(dir.path().join("shim.log.1")).unwrap();
+        assert_eq!(rotated, "old line\n0123456789\n0123456789ab\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+        // The count restarted: a second rotation replaces shim.log.1.
+        assert!(!r.wrote(6).unwrap());
+        log.write_all(&[b'x'; 30]).unwrap();
+        assert!(r.wrote(30).unwrap());
+        assert!(
+            std::fs::read_to_string(dir.path().join("shim.log.1"))
+                .unwrap()
+                .starts_with("after\n")
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        // 0 never rotates.
+        r.set_max(0);
+        assert!(!r.wrote(1 << 30).unwrap());
+    }
 
     fn fifo_with_reader(dir: &Path) -> File {
         nix::unistd::mkfifo(&dir.join(LOG_FIFO), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();

@@ -296,6 +296,86 @@ fn freeze_cgroup(id: &str) {
     }
 }
 
+/// Every directory of task `id`'s cgroup: v2's, or one per v1 controller.
+fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    let (rel, root) = (cgroup_rel(id), Path::new("/sys/fs/cgroup"));
+    if cgroup_v2() {
+        return vec![root.join(rel)];
+    }
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|c| c.path().join(&rel))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// Thaws what [`freeze_cgroup`] froze.
+fn thaw_cgroup(id: &str) {
+    let rel = cgroup_rel(id);
+    let (file, value) = if cgroup_v2() {
+        (Path::new("/sys/fs/cgroup").join(rel).join("cgroup.freeze"), "0")
+    } else {
+        (
+            Path::new("/sys/fs/cgroup/freezer").join(rel).join("freezer.state"),
+            "THAWED",
+        )
+    };
+    std::fs::write(&file, value).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+}
+
+/// A delete removes the task's cgroup when a process in it is slow to
+/// leave (libcgroups alone gives SIGKILLed processes about 100 ms, then
+/// its delete failed and the cgroup stayed; seen under load in the cgroup
+/// v2 VM), and when libcontainer's state is already gone (a create that
+/// failed inside libcontainer removes its state but may leave the cgroup).
+#[tokio::test(flavor = "current_thread")]
+async fn delete_removes_a_cgroup_whose_processes_are_slow_to_leave() {
+    let f = Fixture::new().await;
+    assert_eq!(f.run("slow", &["/bin/true"]).await, 0);
+    // A straggler in the exited task's cgroup, frozen: on cgroup v1 a
+    // frozen process does not die of SIGKILL until it is thawed, 600 ms on.
+    let mut straggler = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+    for d in cgroup_dirs("slow") {
+        std::fs::write(d.join("cgroup.procs"), straggler.id().to_string()).unwrap();
+    }
+    freeze_cgroup("slow");
+    let thaw = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(600));
+        thaw_cgroup("slow");
+    });
+    f.service.delete("test", "slow", "").await.unwrap();
+    thaw.join().unwrap();
+    assert!(!cgroup_exists("slow"), "cgroup left: {:?}", cgroup_dirs("slow"));
+    assert!(!f.state_dir("slow").exists(), "libcontainer state left");
+    // Killed (and reaped by the service's stray reaper: this process is
+    // its parent, the shim code runs in it).
+    let pid = straggler.id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match straggler.try_wait() {
+            Ok(Some(st)) => {
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+                break;
+            }
+            Err(_) if !Path::new(&format!("/proc/{pid}")).exists() => break,
+            _ => {}
+        }
+        assert!(std::time::Instant::now() < deadline, "the straggler {pid} still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // libcontainer's state gone, the cgroup still there.
+    assert_eq!(f.run("orphan", &["/bin/true"]).await, 0);
+    std::fs::remove_dir_all(f.state_dir("orphan")).unwrap();
+    assert!(cgroup_exists("orphan"));
+    f.service.delete("test", "orphan", "").await.unwrap();
+    assert!(!cgroup_exists("orphan"), "cgroup left: {:?}", cgroup_dirs("orphan"));
+    f.nri.stop().await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn r26_exit_status_fidelity() {
     let f = Fixture::new().await;

@@ -734,6 +734,10 @@ async fn errors_name_the_mount_path_and_errno() {
         };
         let text = e.to_string();
         println!("{case}:\n  nri-shim: {text}\n  runc: {}", reference.stderr.trim());
+        let words: Vec<&str> = text.split_whitespace().collect();
+        if let Some(w) = words.windows(2).find(|w| w[0] == w[1]) {
+            wrong.push(format!("{case}: error {text:?} repeats {:?}", w[0]));
+        }
         let missing: Vec<_> = names.iter().filter(|n| !text.contains(**n)).collect();
         if !missing.is_empty() {
             wrong.push(format!(

@@ -72,6 +72,7 @@ pub use self::{
     stub::{RuntimeInfo, Stub},
 };
 
+pub mod adjustments;
 mod builder;
 #[cfg(feature = "cli")]
 pub mod cli;

@@ -63,11 +63,12 @@ pub enum LoggerError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// The drop-in configuration is not valid TOML or has an unknown key.
-    // The parser's text is the whole story (key, line, column): it is the
-    // message, not a separate cause.
+    /// The drop-in configuration is not valid TOML or has an unknown key:
+    /// the parser's message, on one line, after the line number and the
+    /// line's text when the parser located it (`line 1 \`colour = "red"\`:
+    /// unknown field \`colour\`, expected ...`).
     #[error("invalid nri-logger configuration: {0}")]
-    Config(toml::de::Error),
+    Config(String),
     /// The `events` list names an unknown event.
     #[error("invalid nri-logger configuration: events: {0}")]
     Events(nri_proto::events::EventError),
@@ -90,6 +91,21 @@ pub struct LoggerConfig {
     pub log_file: Option<PathBuf>,
 }
 
+/// A TOML error as one log line: toml's own Display draws the source line
+/// and a caret over several lines, which a plugin's log (and the runtime's,
+/// which shows a failed Configure's text) would split.
+fn one_line(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim().replace('\n', "; ");
+    let Some(start) = e.span().map(|s| s.start).filter(|s| text.is_char_boundary(*s)) else {
+        return message;
+    };
+    let line = text[..start].matches('\n').count() + 1;
+    match text.lines().nth(line - 1).map(str::trim).filter(|t| !t.is_empty()) {
+        Some(t) => format!("line {line} `{t}`: {message}"),
+        None => format!("line {line}: {message}"),
+    }
+}
+
 impl LoggerConfig {
     /// Parses the TOML text; an empty text is the empty configuration.
     ///
@@ -97,7 +113,7 @@ impl LoggerConfig {
     /// [`LoggerError::Config`] (naming the offending key) or
     /// [`LoggerError::Events`].
     pub fn parse(text: &str) -> Result<LoggerConfig, LoggerError> {
-        let cfg: LoggerConfig = toml::from_str(text).map_err(LoggerError::Config)?;
+        let cfg: LoggerConfig = toml::from_str(text).map_err(|e| LoggerError::Config(one_line(text, &e)))?;
         if let Some(e) = &cfg.events {
             EventMask::parse(e).map_err(LoggerError::Events)?;
         }

@@ -98,6 +98,20 @@ fn config_rejects_unknown_keys_and_events() {
     assert_eq!(m, Some(EventMask::POD));
 }
 
+#[test]
+fn a_toml_error_is_one_line_naming_the_line() {
+    let e = LoggerConfig::parse("events = \"pod\"\ncolour = \"red\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains('\n'), "{e}");
+    assert!(
+        e.starts_with("invalid nri-logger configuration: line 2 `colour = \"red\"`: unknown field `colour`"),
+        "{e}"
+    );
+    let e = LoggerConfig::parse("events = [").unwrap_err().to_string();
+    assert!(!e.contains('\n') && e.contains("line 1"), "{e}");
+}
+
 #[tokio::test]
 async fn configure_applies_the_runtime_config_and_writes_lines() {
     let dir = tempfile::tempdir().unwrap();

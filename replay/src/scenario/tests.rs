@@ -150,3 +150,32 @@ fn steps_in_any_lifecycle_order_are_accepted() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(l.steps.len(), 6);
 }
+
+#[test]
+fn a_config_json_container_is_named_after_the_scenario_not_the_fixture() {
+    // busybox.json says container "app" in pod "web" (p1, namespace default).
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/oci/busybox.json");
+    let json = format!(
+        r#"{{"pods": [{{"id": "p9", "name": "db", "namespace": "prod", "uid": "u9"}}],
+            "containers": [{{"id": "c9", "pod": "p9", "name": "sql", "config": {:?}}}],
+            "steps": [{{"create_container": "c9"}}]}}"#,
+        fixture.display().to_string()
+    );
+    let l = load_str(&json).unwrap();
+    let (ctr, spec) = &l.containers["c9"];
+    let want = [
+        ("io.kubernetes.cri.container-name", "sql"),
+        ("io.kubernetes.cri.sandbox-id", "p9"),
+        ("io.kubernetes.cri.sandbox-name", "db"),
+        ("io.kubernetes.cri.sandbox-namespace", "prod"),
+        // Not a key of the fixture: not added.
+        ("io.kubernetes.cri.container-type", "container"),
+    ];
+    let spec_annotations = spec.as_ref().unwrap().annotations().clone().unwrap();
+    for (k, v) in want {
+        assert_eq!(ctr.annotations.get(k).map(String::as_str), Some(v), "container {k}");
+        assert_eq!(spec_annotations.get(k).map(String::as_str), Some(v), "spec {k}");
+    }
+    assert!(!ctr.annotations.contains_key("io.kubernetes.cri.sandbox-uid"));
+    assert_eq!((ctr.name.as_str(), ctr.pod_sandbox_id.as_str()), ("sql", "p9"));
+}

@@ -38,7 +38,8 @@ struct Undo {
     nri_pod: Option<api::PodSandbox>,
     config: Option<Vec<u8>>,
     mounts: Vec<PathBuf>,
-    runner_created: bool,
+    /// The runner was asked to create the container, in this cgroup.
+    runner_created: Option<PathBuf>,
 }
 
 impl Service {
@@ -154,7 +155,7 @@ impl Service {
             terminal: req.terminal,
         };
         let mut io = ProcessIo::prepare(&stdio, &self.console_path(ns, id))?;
-        undo.runner_created = true;
+        undo.runner_created = Some(cgroups_path.clone());
         let fds = io.take_fds()?;
         let process = self
             .runner()
@@ -256,8 +257,10 @@ impl Service {
 
     async fn undo_create(&self, ns: &str, req: &task_api::CreateTaskRequest, undo: Undo) {
         let nri = self.nri();
-        if undo.runner_created {
-            let _ = self.runner().delete(&req.id, None).await;
+        if let Some(cgroups_path) = &undo.runner_created {
+            // With the cgroup: a create that failed in libcontainer may have
+            // left it (see helper's delete).
+            let _ = self.runner().delete(&req.id, Some(cgroups_path)).await;
         }
         // As containerd does for a failed create: tell plugins it is gone.
         if let Some((pod, c)) = &undo.nri_container {

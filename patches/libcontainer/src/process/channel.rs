@@ -264,10 +264,11 @@ impl MainReceiver {
             })?;
         match msg {
             Message::InitReady => Ok(()),
-            // this case in unique and known enough to have a special error format
-            Message::ExecFailed(err) => Err(ChannelError::ExecError(format!(
-                "error in executing process : {err}"
-            ))),
+            // nri-shim patch: the error as the init sent it, as for
+            // `IntermediateReady` above; `ExecError` already says "exec
+            // process failed with error", so users read "error error in
+            // executing process : ...".
+            Message::ExecFailed(err) => Err(ChannelError::ExecError(err)),
             msg => Err(ChannelError::unexpected("InitReady", msg)),
         }
     }
