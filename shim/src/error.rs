@@ -130,7 +130,10 @@ mod tests {
     #[test]
     fn a_cause_already_in_the_message_is_not_repeated() {
         let io = || std::io::Error::other("at /sys/fs/cgroup/x: could not delete");
-        assert_eq!(chain(&Wrapped::Io(io())), "io error: at /sys/fs/cgroup/x: could not delete");
+        assert_eq!(
+            chain(&Wrapped::Io(io())),
+            "io error: at /sys/fs/cgroup/x: could not delete"
+        );
         assert_eq!(
             chain(&Wrapped::Outer(Box::new(Wrapped::Io(io())))),
             "delete failed: io error: at /sys/fs/cgroup/x: could not delete"
