@@ -174,9 +174,10 @@ pub use spec::{AdjustError, Adjuster, adjust, update};
 pub use sync::PluginSyncBlock;
 pub use validate::{DEFAULT_VALIDATOR_NAME, DefaultValidator, DefaultValidatorConfig, REQUIRED_PLUGINS_ANNOTATION};
 
-/// The merge without an [`Adaptation`], for nri-benches only: its test
-/// checks that the benchmark's plugin responses merge without conflict
-/// before the benchmarks time them. Not part of the API: no runtime merges
-/// responses itself, and the type may change without notice.
+/// The merge without an [`Adaptation`], for nri-benches and the fuzz
+/// targets (`fuzz/`) only: the benchmark's test checks that its plugin
+/// responses merge without conflict before the benchmarks time them; the
+/// fuzz targets merge arbitrary responses. Not part of the API: no runtime
+/// merges responses itself, and the types may change without notice.
 #[doc(hidden)]
-pub use result::CreateResult;
+pub use result::{CreateResult, UpdateResult};
