@@ -12,6 +12,7 @@ use std::{
 };
 
 use async_trait::async_trait;
+use futures::StreamExt as _;
 use nri_proto::{
     api, api_ttrpc,
     events::EventMask,
@@ -26,6 +27,7 @@ use ttrpc::asynchronous::{Server, TtrpcContext};
 
 use super::{
     Parts, Plugin, PluginOrigin,
+    gate::{Gated, REQUESTS_IN_FLIGHT},
     link::{BuiltinLink, TtrpcLink},
 };
 use crate::{config::FailurePolicy, error::BoxError};
@@ -224,8 +226,15 @@ impl Plugin {
             name: Mutex::new(String::new()),
             host: host.clone(),
         });
+        // At most a few of the plugin's own requests handled at once (see
+        // `gate`): a plugin flooding UpdateContainers cannot queue work
+        // without bound.
+        let gated = Gated::new(runtime_conn, REQUESTS_IN_FLIGHT);
+        let listener = ttrpc::asynchronous::transport::Listener::new(
+            futures::stream::once(async move { Ok(gated) }).chain(futures::stream::pending()),
+        );
         let mut server = Server::new()
-            .add_listener(transport::listener(runtime_conn))
+            .add_listener(listener)
             .register_service(api_ttrpc::create_runtime(service.clone()));
         if let Err(e) = server.start().await {
             mux.close();
