@@ -20,7 +20,6 @@ use nri_proto::{
     naming,
     plugin::PluginAdapter,
     sync::lock,
-    transport,
 };
 use tokio::{net::UnixStream, sync::oneshot};
 use ttrpc::asynchronous::{Server, TtrpcContext};
@@ -28,7 +27,7 @@ use ttrpc::asynchronous::{Server, TtrpcContext};
 use super::{
     Parts, Plugin, PluginOrigin,
     gate::{Gated, REQUESTS_IN_FLIGHT},
-    link::{BuiltinLink, TtrpcLink},
+    link::{BuiltinLink, ClientConn, TtrpcLink},
 };
 use crate::{config::FailurePolicy, error::BoxError};
 
@@ -217,7 +216,9 @@ impl Plugin {
         let mux = Mux::blocked(stream);
         let plugin_conn = mux.open(PLUGIN_SERVICE_CONN).expect("fresh mux");
         let runtime_conn = mux.open(RUNTIME_SERVICE_CONN).expect("fresh mux");
-        let client = api_ttrpc::PluginClient::new(transport::client(plugin_conn));
+        let client = api_ttrpc::PluginClient::new(ttrpc::asynchronous::Client::new(
+            ttrpc::asynchronous::transport::Socket::new(ClientConn::new(plugin_conn)),
+        ));
         let (reg_tx, reg_rx) = oneshot::channel();
         let service = Arc::new(RuntimeService {
             launched: launched.as_ref().map(|l| (l.idx.clone(), l.base.clone())),
