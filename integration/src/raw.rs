@@ -548,3 +548,199 @@ pub async fn read_until_closed(stream: &mut UnixStream, within: Duration) -> Vec
         .unwrap_or_else(|_| panic!("the runtime kept the connection open for {within:?}"));
     got
 }
+
+/// The `Plugin` service name on the wire.
+const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+/// The `Runtime` service name on the wire.
+const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
+
+/// One ttrpc message (10-byte header and payload) as bytes.
+pub fn ttrpc_message(stream_id: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(10 + payload.len());
+    m.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    m.extend_from_slice(&stream_id.to_be_bytes());
+    m.extend_from_slice(&[kind, 0]);
+    m.extend_from_slice(payload);
+    m
+}
+
+/// One ttrpc message as a bare plugin reads it.
+struct WireMessage {
+    /// The logical connection it came on.
+    conn: u32,
+    /// ttrpc message type (request, response, data).
+    kind: u8,
+    stream_id: u32,
+    payload: Vec<u8>,
+}
+
+/// A plugin that speaks the wire protocol by hand over a plain blocking
+/// socket: no mux task and no ttrpc runtime reads for it, so a test
+/// decides when it reads at all (or never again), and what it writes
+/// (well-formed requests at any rate, or garbage) goes out as is.
+///
+/// It serves the `Plugin` service only as far as joining needs (Configure,
+/// Synchronize, Shutdown; every other request gets an empty answer).
+pub struct BarePlugin {
+    /// The socket to the runtime.
+    pub stream: std::os::unix::net::UnixStream,
+    /// Unparsed bytes per logical connection.
+    pending: std::collections::HashMap<u32, Vec<u8>>,
+    next_stream: u32,
+    events: EventMask,
+}
+
+impl BarePlugin {
+    /// Dials `socket`, registers as `idx-name` subscribing to `events` and
+    /// answers the runtime until it is synchronized (within `within`).
+    ///
+    /// # Panics
+    /// When the socket fails or the runtime does not synchronize the plugin in time.
+    pub fn join(socket: &Path, idx: &str, name: &str, events: EventMask, within: Duration) -> BarePlugin {
+        let stream = std::os::unix::net::UnixStream::connect(socket)
+            .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+        let mut p = BarePlugin {
+            stream,
+            pending: Default::default(),
+            next_stream: 1,
+            events,
+        };
+        let req = api::RegisterPluginRequest {
+            plugin_name: name.into(),
+            plugin_idx: idx.into(),
+            NRI_version: nri_proto::NRI_VERSION.into(),
+            ..Default::default()
+        };
+        let bytes = p.request("RegisterPlugin", &req);
+        p.write(&bytes).expect("write RegisterPlugin");
+        let deadline = Instant::now() + within;
+        p.serve_until(deadline, |method, req| {
+            method == "Synchronize"
+                && <api::SynchronizeRequest as protobuf::Message>::parse_from_bytes(&req.payload).is_ok_and(|s| !s.more)
+        })
+        .unwrap_or_else(|e| panic!("bare plugin {idx}-{name} was not synchronized: {e}"));
+        p
+    }
+
+    /// A mux frame on conn 2 carrying a ttrpc request of the `Runtime`
+    /// service with a fresh stream id (sent by [`BarePlugin::write`]).
+    pub fn request(&mut self, method: &str, msg: &impl protobuf::Message) -> Vec<u8> {
+        let req = ttrpc::Request {
+            service: RUNTIME_SERVICE.into(),
+            method: method.into(),
+            payload: msg.write_to_bytes().expect("encode"),
+            ..Default::default()
+        };
+        let id = self.next_stream;
+        self.next_stream += 2;
+        let body = protobuf::Message::write_to_bytes(&req).expect("encode ttrpc request");
+        frame(
+            RUNTIME_SERVICE_CONN,
+            &ttrpc_message(id, ttrpc::proto::MESSAGE_TYPE_REQUEST, &body),
+        )
+    }
+
+    /// Writes `bytes` onto the socket as they are.
+    ///
+    /// # Errors
+    /// The socket's (EPIPE, ECONNRESET once the runtime closed it).
+    pub fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write as _;
+        self.stream.write_all(bytes)
+    }
+
+    /// Reads and answers the runtime's requests until `done(method,
+    /// request)` holds for one that was just answered, or `deadline`.
+    ///
+    /// # Errors
+    /// The socket closed, or the deadline passed.
+    pub fn serve_until(
+        &mut self,
+        deadline: Instant,
+        mut done: impl FnMut(&str, &ttrpc::Request) -> bool,
+    ) -> std::io::Result<()> {
+        use std::io::Read as _;
+        loop {
+            while let Some(msg) = self.next_message() {
+                if msg.conn != PLUGIN_SERVICE_CONN || msg.kind != ttrpc::proto::MESSAGE_TYPE_REQUEST {
+                    continue; // answers to our own requests, ignored
+                }
+                let stream_id = msg.stream_id;
+                let req: ttrpc::Request =
+                    protobuf::Message::parse_from_bytes(&msg.payload).map_err(std::io::Error::other)?;
+                let payload = self.answer(&req)?;
+                let rsp = ttrpc::Response {
+                    payload,
+                    ..Default::default()
+                };
+                let body = protobuf::Message::write_to_bytes(&rsp).expect("encode ttrpc response");
+                let bytes = frame(
+                    PLUGIN_SERVICE_CONN,
+                    &ttrpc_message(stream_id, ttrpc::proto::MESSAGE_TYPE_RESPONSE, &body),
+                );
+                self.write(&bytes)?;
+                if done(&req.method, &req) {
+                    return Ok(());
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.stream.set_read_timeout(Some(left))?;
+            let mut header = [0u8; 8];
+            self.stream.read_exact(&mut header)?;
+            let conn = u32::from_be_bytes(header[..4].try_into().expect("4 bytes"));
+            let len = u32::from_be_bytes(header[4..].try_into().expect("4 bytes")) as usize;
+            let mut payload = vec![0u8; len];
+            self.stream.read_exact(&mut payload)?;
+            self.pending.entry(conn).or_default().extend_from_slice(&payload);
+        }
+    }
+
+    /// The next complete ttrpc message of any connection.
+    fn next_message(&mut self) -> Option<WireMessage> {
+        for (conn, buf) in self.pending.iter_mut() {
+            if buf.len() < 10 {
+                continue;
+            }
+            let len = u32::from_be_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+            if buf.len() < 10 + len {
+                continue;
+            }
+            let stream_id = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes"));
+            let kind = buf[8];
+            let payload = buf[10..10 + len].to_vec();
+            buf.drain(..10 + len);
+            return Some(WireMessage {
+                conn: *conn,
+                kind,
+                stream_id,
+                payload,
+            });
+        }
+        None
+    }
+
+    fn answer(&self, req: &ttrpc::Request) -> std::io::Result<Vec<u8>> {
+        use protobuf::Message as _;
+        let bytes = match (req.service.as_str(), req.method.as_str()) {
+            (PLUGIN_SERVICE, "Configure") => api::ConfigureResponse {
+                events: self.events.bits(),
+                ..Default::default()
+            }
+            .write_to_bytes(),
+            (PLUGIN_SERVICE, "Synchronize") => {
+                let s = api::SynchronizeRequest::parse_from_bytes(&req.payload).map_err(std::io::Error::other)?;
+                api::SynchronizeResponse {
+                    more: s.more,
+                    ..Default::default()
+                }
+                .write_to_bytes()
+            }
+            // Every other request has a reply whose fields are all optional.
+            _ => Ok(Vec::new()),
+        };
+        bytes.map_err(std::io::Error::other)
+    }
+}

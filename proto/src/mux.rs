@@ -25,7 +25,9 @@
 //! * a short read of a header or payload closes the trunk, and every logical
 //!   connection then reads EOF;
 //! * more than [`READ_QUEUE_FRAMES`] unread frames on one connection is an
-//!   overflow that closes the trunk, as in the Go mux.
+//!   overflow that closes the trunk, as in the Go mux; so is more than
+//!   [`READ_QUEUE_BYTES`] unread bytes (ours: 256 frames of 4 MiB would be
+//!   a gigabyte held for a peer that sends faster than it is read).
 //!
 //! Go peers read each frame into the buffer they are handed and fail with
 //! ENOMEM when a frame is larger than that buffer; their ttrpc reads through a
@@ -72,6 +74,10 @@ pub const HEADER_LEN: usize = 8;
 pub const MAX_PAYLOAD: usize = (4 << 20) + 10;
 /// Unread frames one logical connection may queue before the trunk is closed.
 pub const READ_QUEUE_FRAMES: usize = 256;
+/// Unread payload bytes one logical connection may queue before the trunk
+/// is closed: four maximal frames (about 16 MiB), room for a reader that is
+/// a few whole messages behind.
+pub const READ_QUEUE_BYTES: usize = 4 * MAX_PAYLOAD;
 
 /// Why a trunk or logical connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -95,8 +101,9 @@ pub enum MuxError {
         /// The limit ([`MAX_PAYLOAD`]).
         max: usize,
     },
-    /// A logical connection had more than [`READ_QUEUE_FRAMES`] unread frames.
-    #[error("connection {0} has more than {READ_QUEUE_FRAMES} unread frames")]
+    /// A logical connection had more than [`READ_QUEUE_FRAMES`] unread
+    /// frames or [`READ_QUEUE_BYTES`] unread bytes.
+    #[error("connection {0} has more than {READ_QUEUE_FRAMES} unread frames or {READ_QUEUE_BYTES} unread bytes")]
     QueueOverflow(ConnId),
     /// Reading or writing the trunk failed.
     #[error("trunk i/o")]
@@ -159,6 +166,8 @@ struct ConnQueue {
 #[derive(Default)]
 struct QueueInner {
     frames: VecDeque<Vec<u8>>,
+    /// Unread payload bytes in `frames`.
+    bytes: usize,
     /// Read offset into the front frame.
     offset: usize,
     waker: Option<Waker>,

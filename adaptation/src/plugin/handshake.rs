@@ -12,6 +12,7 @@ use std::{
 };
 
 use async_trait::async_trait;
+use futures::StreamExt as _;
 use nri_proto::{
     api, api_ttrpc,
     events::EventMask,
@@ -19,14 +20,14 @@ use nri_proto::{
     naming,
     plugin::PluginAdapter,
     sync::lock,
-    transport,
 };
 use tokio::{net::UnixStream, sync::oneshot};
 use ttrpc::asynchronous::{Server, TtrpcContext};
 
 use super::{
     Parts, Plugin, PluginOrigin,
-    link::{BuiltinLink, TtrpcLink},
+    gate::{Gated, REQUESTS_IN_FLIGHT},
+    link::{BuiltinLink, ClientConn, TtrpcLink},
 };
 use crate::{config::FailurePolicy, error::BoxError};
 
@@ -215,7 +216,9 @@ impl Plugin {
         let mux = Mux::blocked(stream);
         let plugin_conn = mux.open(PLUGIN_SERVICE_CONN).expect("fresh mux");
         let runtime_conn = mux.open(RUNTIME_SERVICE_CONN).expect("fresh mux");
-        let client = api_ttrpc::PluginClient::new(transport::client(plugin_conn));
+        let client = api_ttrpc::PluginClient::new(ttrpc::asynchronous::Client::new(
+            ttrpc::asynchronous::transport::Socket::new(ClientConn::new(plugin_conn)),
+        ));
         let (reg_tx, reg_rx) = oneshot::channel();
         let service = Arc::new(RuntimeService {
             launched: launched.as_ref().map(|l| (l.idx.clone(), l.base.clone())),
@@ -224,8 +227,15 @@ impl Plugin {
             name: Mutex::new(String::new()),
             host: host.clone(),
         });
+        // At most a few of the plugin's own requests handled at once (see
+        // `gate`): a plugin flooding UpdateContainers cannot queue work
+        // without bound.
+        let gated = Gated::new(runtime_conn, REQUESTS_IN_FLIGHT);
+        let listener = ttrpc::asynchronous::transport::Listener::new(
+            futures::stream::once(async move { Ok(gated) }).chain(futures::stream::pending()),
+        );
         let mut server = Server::new()
-            .add_listener(transport::listener(runtime_conn))
+            .add_listener(listener)
             .register_service(api_ttrpc::create_runtime(service.clone()));
         if let Err(e) = server.start().await {
             mux.close();

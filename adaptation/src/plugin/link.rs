@@ -478,6 +478,64 @@ impl Link for BuiltinLink {
     async fn close(&self) {}
 }
 
+/// The runtime's end of the Plugin service connection (conn 1), the only
+/// way to reach the plugin. ttrpc drops it when it gives the connection up,
+/// as after a request's deadline elapsed in the middle of its write (a
+/// plugin that stopped reading): part of a message is then on the stream,
+/// so nothing more can be sent. Dropping it closes the whole trunk, and the
+/// plugin is dropped at once rather than failing one more request, whether
+/// that request's error said timeout or transport (which of the two ttrpc
+/// reports is a race).
+pub(crate) struct ClientConn {
+    conn: nri_proto::mux::MuxConn,
+}
+
+impl ClientConn {
+    pub(crate) fn new(conn: nri_proto::mux::MuxConn) -> Self {
+        ClientConn { conn }
+    }
+}
+
+impl Drop for ClientConn {
+    fn drop(&mut self) {
+        self.conn.mux().close();
+    }
+}
+
+impl tokio::io::AsyncRead for ClientConn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.conn).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for ClientConn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.conn).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.conn).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.conn).poll_shutdown(cx)
+    }
+}
+
 /// Largest encoded SynchronizeRequest sent in one message: the 4 MiB ttrpc
 /// limit minus room for the ttrpc request envelope (service and method
 /// names, timeout, metadata).

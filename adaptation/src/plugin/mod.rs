@@ -3,6 +3,7 @@
 //! [`Link`] (ttrpc to a plugin process, or a direct call in process).
 //! How a connection becomes a plugin is in [`handshake`].
 
+mod gate;
 mod handshake;
 mod link;
 

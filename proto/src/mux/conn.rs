@@ -33,6 +33,7 @@ impl MuxConn {
         let mut q = lock(&self.queue.inner);
         q.closed.get_or_insert(None);
         q.frames.clear();
+        q.bytes = 0;
         if let Some(w) = q.waker.take() {
             w.wake();
         }
@@ -54,8 +55,10 @@ impl AsyncRead for MuxConn {
             let Some(front) = q.frames.front() else { break };
             let n = (front.len() - offset).min(buf.remaining());
             buf.put_slice(&front[offset..offset + n]);
+            let whole = offset + n == front.len();
             progressed = true;
-            if offset + n == front.len() {
+            q.bytes -= n;
+            if whole {
                 q.frames.pop_front();
                 q.offset = 0;
             } else {

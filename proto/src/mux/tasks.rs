@@ -13,7 +13,7 @@ use tokio::{
     sync::Notify,
 };
 
-use super::{HEADER_LEN, MAX_PAYLOAD, MuxError, READ_QUEUE_FRAMES, Shared, lock};
+use super::{HEADER_LEN, MAX_PAYLOAD, MuxError, READ_QUEUE_BYTES, READ_QUEUE_FRAMES, Shared, lock};
 
 /// Drains `pending` whenever the fast path could not write everything.
 pub(super) async fn flusher(shared: Weak<Shared>, flush_needed: Arc<Notify>) {
@@ -105,10 +105,11 @@ pub(super) async fn reader(shared: Weak<Shared>, read_half: OwnedReadHalf) {
         if q.closed.is_some() {
             continue;
         }
-        if q.frames.len() >= READ_QUEUE_FRAMES {
+        if q.frames.len() >= READ_QUEUE_FRAMES || q.bytes + payload.len() > READ_QUEUE_BYTES {
             drop(q);
             break Some(MuxError::QueueOverflow(id));
         }
+        q.bytes += payload.len();
         q.frames.push_back(payload);
         if let Some(w) = q.waker.take() {
             w.wake();

@@ -171,6 +171,55 @@ async fn unread_frame_overflow_closes_trunk() {
     assert!(matches!(*err, MuxError::QueueOverflow(1)), "{err}");
 }
 
+/// Few frames but many bytes are an overflow too: 5 unread frames of
+/// 4 MiB exceed the 16 MiB bound (frames alone would allow 256 of them,
+/// a gigabyte).
+#[tokio::test]
+async fn unread_byte_overflow_closes_trunk() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let mux = Mux::new(a);
+    let _c1 = mux.open(1).unwrap();
+    let big = pattern(MAX_PAYLOAD);
+    let n = READ_QUEUE_BYTES / MAX_PAYLOAD + 1;
+    assert!(n < READ_QUEUE_FRAMES);
+    let writer = tokio::spawn(async move {
+        for _ in 0..n {
+            if b.write_all(&raw_frame(1, &big)).await.is_err() {
+                break;
+            }
+        }
+        b
+    });
+    let err = tokio::time::timeout(std::time::Duration::from_secs(20), mux.closed())
+        .await
+        .expect("the trunk stayed open with 20 MiB unread")
+        .expect("overflow is an error");
+    assert!(matches!(*err, MuxError::QueueOverflow(1)), "{err}");
+    drop(writer.await.unwrap());
+}
+
+/// Bytes read off the queue are counted out: a reader that keeps up never
+/// overflows however much passes through.
+#[tokio::test]
+async fn read_bytes_leave_the_queue_bound() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let mux = Mux::new(a);
+    let mut c1 = mux.open(1).unwrap();
+    let total = 32 << 20;
+    assert!(total > READ_QUEUE_BYTES);
+    let writer = tokio::spawn(async move {
+        let chunk = pattern(1 << 20);
+        for _ in 0..total / chunk.len() {
+            b.write_all(&raw_frame(1, &chunk)).await.unwrap();
+        }
+        b
+    });
+    let mut got = vec![0u8; total];
+    c1.read_exact(&mut got).await.unwrap();
+    assert!(!mux.is_closed());
+    drop(writer.await.unwrap());
+}
+
 #[tokio::test]
 async fn reserved_and_duplicate_ids_are_refused() {
     let (a, _b) = UnixStream::pair().unwrap();

@@ -1,0 +1,371 @@
+//! Latency on a large node: 250 pods and 1,000 containers known to the
+//! runtime (each container with the env, mounts, labels and annotations a
+//! Kubernetes container carries, so the Synchronize request exceeds the
+//! 4 MiB ttrpc limit and is split).
+//!
+//! * `sync`: a newly connected `nri-bench-plugin` process, until it is
+//!   synchronized. Per join it prints the Synchronize request as the
+//!   adaptation's observer times it (from the first message sent to the
+//!   last reply: splitting, encoding, the plugin decoding every message),
+//!   and the whole join from the plugin's start to its being active (its
+//!   process start, connect, RegisterPlugin, Configure, the sync callback
+//!   and Synchronize).
+//! * `create`: 8 `nri-bench-plugin` processes attached (each answering
+//!   with its slot's adjustment, as in `merge`), rounds of 50 concurrent
+//!   CreateContainer: latency of each from its submission (p50, p99, max),
+//!   and, as the service time, creates one at a time.
+//!
+//! A current-thread runtime, as the shim daemon uses. Run with
+//! `cargo run --release -p nri-benches --bin nri-large-node`
+//! (`NRI_LARGE_ROUNDS` sets the number of sync joins and create rounds,
+//! default 20); it uses the `nri-bench-plugin` built next to it.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use nri_adaptation::{Adaptation, Observer, Outcome, Rejection, RuntimeState, api};
+use nri_benches::{Procs, bench_request, spawn_plugins};
+use protobuf::{Message, MessageField};
+
+const PODS: usize = 250;
+const CONTAINERS: usize = 1000;
+const PLUGINS: usize = 8;
+const CONCURRENT: usize = 50;
+
+/// Records how long each plugin's Synchronize took.
+#[derive(Default)]
+struct SyncTimes(Mutex<Vec<(String, Duration)>>);
+
+impl Observer for SyncTimes {
+    fn request(&self, plugin: &str, request: &'static str, elapsed: Duration, outcome: Outcome) {
+        if request == "Synchronize" && outcome == Outcome::Ok {
+            self.0.lock().unwrap().push((plugin.to_string(), elapsed));
+        }
+    }
+    fn rejected(&self, _plugin: &str, _rejection: Rejection) {}
+}
+
+fn pod(i: usize) -> api::PodSandbox {
+    let mut p = api::PodSandbox {
+        id: format!("{:064x}", 0xa000_0000u64 + i as u64),
+        name: format!("workload-{i}-7d9c8b6f5d-x2k4p"),
+        uid: format!("6f1e2d3c-4b5a-6978-8a9b-{i:012}"),
+        namespace: format!("team-{}", i % 20),
+        pid: 10_000 + i as u32,
+        ..Default::default()
+    };
+    for (k, v) in [
+        ("app.kubernetes.io/name", "workload"),
+        ("app.kubernetes.io/instance", "workload-prod"),
+        ("pod-template-hash", "7d9c8b6f5d"),
+        ("tier", "backend"),
+    ] {
+        p.labels.insert(k.into(), v.into());
+    }
+    for (k, v) in [
+        ("kubernetes.io/config.seen", "2026-12-02T10:00:00.000000000Z"),
+        ("kubernetes.io/config.source", "api"),
+        ("prometheus.io/scrape", "true"),
+        ("prometheus.io/port", "9090"),
+    ] {
+        p.annotations.insert(k.into(), v.into());
+    }
+    p.linux.mut_or_insert_default().cgroups_path = format!("/kubepods/burstable/pod6f1e2d3c-4b5a-6978-8a9b-{i:012}");
+    p
+}
+
+/// A container of pod `pod`: 60 env entries (the service variables
+/// Kubernetes injects for a namespace's services), 8 mounts, labels,
+/// annotations, namespaces and resources; about 5 KB encoded.
+fn container(i: usize, pod: &api::PodSandbox) -> api::Container {
+    let mut c = api::Container {
+        id: format!("{:064x}", 0xc000_0000u64 + i as u64),
+        pod_sandbox_id: pod.id.clone(),
+        name: format!("app-{}", i % 4),
+        state: api::ContainerState::CONTAINER_RUNNING.into(),
+        args: vec![
+            "/usr/bin/app".into(),
+            "--config=/etc/app/config.yaml".into(),
+            "--port=8080".into(),
+        ],
+        pid: 20_000 + i as u32,
+        ..Default::default()
+    };
+    c.env
+        .push("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    for s in 0..15 {
+        let svc = format!("SERVICE_{s}_OF_THE_NAMESPACE");
+        c.env.push(format!("{svc}_SERVICE_HOST=10.96.{s}.{}", i % 250));
+        c.env.push(format!("{svc}_SERVICE_PORT=8080"));
+        c.env.push(format!("{svc}_PORT=tcp://10.96.{s}.{}:8080", i % 250));
+        c.env.push(format!("{svc}_PORT_8080_TCP_PROTO=tcp"));
+    }
+    for (dst, src) in [
+        ("/etc/hosts", "/var/lib/kubelet/pods/{}/etc-hosts"),
+        (
+            "/dev/termination-log",
+            "/var/lib/kubelet/pods/{}/containers/app/termination-log",
+        ),
+        ("/etc/hostname", "/var/lib/containerd/sandboxes/{}/hostname"),
+        ("/etc/resolv.conf", "/var/lib/containerd/sandboxes/{}/resolv.conf"),
+        ("/dev/shm", "/run/containerd/sandboxes/{}/shm"),
+        (
+            "/var/run/secrets/kubernetes.io/serviceaccount",
+            "/var/lib/kubelet/pods/{}/volumes/token",
+        ),
+        ("/etc/app", "/var/lib/kubelet/pods/{}/volumes/config"),
+        ("/data", "/var/lib/kubelet/pods/{}/volumes/data"),
+    ] {
+        c.mounts.push(api::Mount {
+            destination: dst.into(),
+            source: src.replace("{}", &pod.uid),
+            type_: "bind".into(),
+            options: vec!["rbind".into(), "rprivate".into(), "rw".into()],
+            ..Default::default()
+        });
+    }
+    c.labels = pod.labels.clone();
+    for (k, v) in [
+        ("io.kubernetes.cri.container-type", "container"),
+        ("io.kubernetes.cri.container-name", "app"),
+        ("io.kubernetes.cri.image-name", "registry.example.com/team/app:v1.2.3"),
+        ("io.kubernetes.cri.sandbox-id", pod.id.as_str()),
+        ("io.kubernetes.cri.sandbox-name", pod.name.as_str()),
+        ("io.kubernetes.cri.sandbox-namespace", pod.namespace.as_str()),
+        ("io.kubernetes.cri.sandbox-uid", pod.uid.as_str()),
+    ] {
+        c.annotations.insert(k.into(), v.into());
+    }
+    let linux = c.linux.mut_or_insert_default();
+    for ns in ["pid", "ipc", "uts", "mount", "network", "cgroup"] {
+        linux.namespaces.push(api::LinuxNamespace {
+            type_: ns.into(),
+            path: if ns == "network" {
+                format!("/var/run/netns/cni-{}", pod.uid)
+            } else {
+                String::new()
+            },
+            ..Default::default()
+        });
+    }
+    linux.cgroups_path = format!("{}/{}", pod.linux.cgroups_path, c.id);
+    let res = linux.resources.mut_or_insert_default();
+    res.memory.mut_or_insert_default().limit = MessageField::some(api::OptionalInt64 {
+        value: 512 << 20,
+        ..Default::default()
+    });
+    let cpu = res.cpu.mut_or_insert_default();
+    cpu.shares = MessageField::some(api::OptionalUInt64 {
+        value: 512,
+        ..Default::default()
+    });
+    cpu.quota = MessageField::some(api::OptionalInt64 {
+        value: 50_000,
+        ..Default::default()
+    });
+    cpu.period = MessageField::some(api::OptionalUInt64 {
+        value: 100_000,
+        ..Default::default()
+    });
+    c
+}
+
+fn state() -> RuntimeState {
+    let pods: Vec<_> = (0..PODS).map(pod).collect();
+    let containers = (0..CONTAINERS).map(|i| container(i, &pods[i % PODS])).collect();
+    RuntimeState { pods, containers }
+}
+
+/// p-th percentile (0..=100) of sorted `v`, nearest rank.
+fn pct(v: &[Duration], p: usize) -> Duration {
+    let rank = (p * v.len()).div_ceil(100).max(1);
+    v[rank - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn adaptation(dir: &Path, observer: Arc<SyncTimes>) -> Adaptation {
+    let known = Arc::new(state());
+    Adaptation::builder("nri-bench", "0")
+        .with_sync_fn(move || {
+            let s = known.clone();
+            async move {
+                Ok(RuntimeState {
+                    pods: s.pods.clone(),
+                    containers: s.containers.clone(),
+                })
+            }
+        })
+        .with_update_fn(|_| async { Ok(Vec::new()) })
+        .with_socket_path(dir.join("nri.sock"))
+        .with_plugin_path(dir.join("no-plugins"))
+        .with_observer(observer)
+        .build()
+        .expect("adaptation")
+}
+
+fn rounds() -> usize {
+    std::env::var("NRI_LARGE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe.with_file_name("nri-bench-plugin");
+    assert!(
+        bin.exists(),
+        "{} missing: cargo build --release -p nri-benches",
+        bin.display()
+    );
+    let s = state();
+    let whole = api::SynchronizeRequest {
+        pods: s.pods.clone(),
+        containers: s.containers.clone(),
+        ..Default::default()
+    };
+    let size = whole.compute_size();
+    println!(
+        "large_node: {PODS} pods, {CONTAINERS} containers; one Synchronize would be {:.2} MiB \
+         ({:.1} KB per container), the limit per message is 4 MiB; load average {}",
+        size as f64 / (1 << 20) as f64,
+        s.containers[0].compute_size() as f64 / 1e3,
+        load()
+    );
+    drop(whole);
+    let n = rounds();
+    let dir = tempfile::tempdir().unwrap();
+    let times = Arc::new(SyncTimes::default());
+    let nri = adaptation(dir.path(), times.clone());
+    let sock = dir.path().join("nri.sock");
+    rt.block_on(nri.start()).unwrap();
+
+    // Sync: one plugin joining at a time.
+    let mut syncs = Vec::new();
+    let mut joins = Vec::new();
+    for i in 0..n {
+        let name = format!("sync{i}");
+        let t0 = Instant::now();
+        let mut child = Command::new(&bin)
+            .arg("--socket")
+            .arg(&sock)
+            .args(["--idx", "30", "--name", &name])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn nri-bench-plugin");
+        let want = format!("30-{name}");
+        rt.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !nri.plugin_names().contains(&want) {
+                assert!(Instant::now() < deadline, "{want} did not join");
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        });
+        joins.push(t0.elapsed());
+        let _ = child.kill();
+        let _ = child.wait();
+        rt.block_on(async {
+            while nri.plugin_names().contains(&want) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        let synced = times
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(p, _)| *p == want)
+            .map(|(_, d)| *d);
+        syncs.push(synced.expect("Synchronize observed"));
+    }
+    syncs.sort();
+    joins.sort();
+    println!(
+        "large_node/sync      Synchronize p50 {}  max {}   join (process start to active) p50 {}  max {}   ({n} joins)",
+        ms(pct(&syncs, 50)),
+        ms(*syncs.last().unwrap()),
+        ms(pct(&joins, 50)),
+        ms(*joins.last().unwrap()),
+    );
+
+    // Creates: 8 plugins attached.
+    let slots: Vec<Option<usize>> = (0..PLUGINS).map(Some).collect();
+    let procs: Procs = rt.block_on(spawn_plugins(&bin, &nri, &sock, &slots));
+    let request = |k: usize| {
+        let mut r = bench_request();
+        let p = &s.pods[k % PODS];
+        r.pod = MessageField::some(p.clone());
+        let c = r.container.mut_or_insert_default();
+        c.id = format!("{:064x}", 0xe000_0000u64 + k as u64);
+        c.pod_sandbox_id = p.id.clone();
+        r
+    };
+    // Warm up, then one at a time: the service time of one create.
+    let mut k = 0;
+    let mut single = Vec::new();
+    for _ in 0..(5 * n).max(20) {
+        k += 1;
+        let r = request(k);
+        let t0 = Instant::now();
+        rt.block_on(nri.create_container(r)).unwrap();
+        single.push(t0.elapsed());
+    }
+    single.sort();
+    let mut lat = Vec::new();
+    let t_all = Instant::now();
+    for _ in 0..n {
+        let reqs: Vec<_> = (0..CONCURRENT)
+            .map(|_| {
+                k += 1;
+                request(k)
+            })
+            .collect();
+        rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for r in reqs {
+                let nri = nri.clone();
+                set.spawn(async move {
+                    let t0 = Instant::now();
+                    nri.create_container(r).await.unwrap();
+                    t0.elapsed()
+                });
+            }
+            while let Some(d) = set.join_next().await {
+                lat.push(d.unwrap());
+            }
+        });
+    }
+    let wall = t_all.elapsed();
+    lat.sort();
+    println!(
+        "large_node/create    {PLUGINS} plugins, {CONCURRENT} concurrent: p50 {}  p99 {}  max {}   ({} creates, {:.0}/s)   \
+         one at a time: p50 {}  p99 {}",
+        ms(pct(&lat, 50)),
+        ms(pct(&lat, 99)),
+        ms(*lat.last().unwrap()),
+        lat.len(),
+        lat.len() as f64 / wall.as_secs_f64(),
+        ms(pct(&single, 50)),
+        ms(pct(&single, 99)),
+    );
+    println!("large_node: load average {}", load());
+    rt.block_on(nri.stop());
+    drop(procs);
+}
