@@ -177,6 +177,27 @@ pub struct CriSetup<'a> {
     pub shim_bin: Option<PathBuf>,
 }
 
+/// A gRPC channel to containerd's CRI service on the unix socket `path`
+/// (tonic dials a unix socket through a connector), each call bounded by
+/// `timeout`, connecting within 10 s.
+///
+/// # Errors
+/// The socket cannot be connected to.
+pub async fn channel(path: PathBuf, timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_static("http://[::]:50051")
+        .timeout(timeout)
+        .connect_timeout(Duration::from_secs(10))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+}
+
 /// A running private containerd with CRI and the two handlers.
 pub struct Cri {
     /// Everything lives here (removed by [`Cri::teardown`]).
@@ -371,19 +392,7 @@ log_level = "debug"
 
     /// A CRI client on containerd's socket (create it in the runtime that uses it).
     pub async fn client(&self) -> Client {
-        let path = self.sock.clone();
-        let channel = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .timeout(RPC_TIMEOUT)
-            .connect_timeout(Duration::from_secs(10))
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
+        let channel = channel(self.sock.clone(), RPC_TIMEOUT)
             .await
             .expect("connect to containerd's CRI socket");
         Client {

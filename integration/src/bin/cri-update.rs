@@ -18,7 +18,6 @@ use clap::Parser;
 use k8s_cri::v1::{
     LinuxContainerResources, UpdateContainerResourcesRequest, runtime_service_client::RuntimeServiceClient,
 };
-use tonic::transport::{Endpoint, Uri};
 
 #[derive(Parser)]
 #[command(about = "Send one CRI UpdateContainerResources to containerd (what kubelet sends on an in-place resize)")]
@@ -48,17 +47,7 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let path = args.address.clone();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .timeout(Duration::from_secs(30))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
+    let channel = integration::cri::channel(args.address.clone(), Duration::from_secs(30))
         .await
         .with_context(|| format!("connect to {}", args.address.display()))?;
     RuntimeServiceClient::new(channel)
