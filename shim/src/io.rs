@@ -156,16 +156,9 @@ pub struct IoFds {
 }
 
 impl ProcessIo {
-    /// Opens what `spec` names. With a terminal, a console socket is bound
-    /// at `console_path`.
-    ///
-    /// Must run inside a tokio runtime: stdin is copied by a task.
-    ///
-    /// # Errors
-    /// [`ShimError::InvalidArgument`] for unsupported URIs, I/O errors
-    /// naming the path.
-    pub fn prepare(spec: &StdioSpec, console_path: &Path) -> Result<ProcessIo> {
-        let mut io = ProcessIo {
+    /// The stdio of `spec` before anything is opened or inherited.
+    fn unconnected(spec: &StdioSpec) -> ProcessIo {
+        ProcessIo {
             container_fds: None,
             console_socket: None,
             console_listener: None,
@@ -176,7 +169,19 @@ impl ProcessIo {
             copiers: Vec::new(),
             output_done: None,
             stdin_fds: Arc::new(Mutex::new(None)),
-        };
+        }
+    }
+
+    /// Opens what `spec` names. With a terminal, a console socket is bound
+    /// at `console_path`.
+    ///
+    /// Must run inside a tokio runtime: stdin is copied by a task.
+    ///
+    /// # Errors
+    /// [`ShimError::InvalidArgument`] for unsupported URIs, I/O errors
+    /// naming the path.
+    pub fn prepare(spec: &StdioSpec, console_path: &Path) -> Result<ProcessIo> {
+        let mut io = ProcessIo::unconnected(spec);
         if spec.terminal {
             let _ = std::fs::remove_file(console_path);
             let l = std::os::unix::net::UnixListener::bind(console_path)
@@ -266,18 +271,7 @@ impl ProcessIo {
     /// When an fd is not what it should be, or the terminal's fifos do not
     /// open.
     pub fn resume(spec: &StdioSpec, stdin: Option<(OwnedFd, OwnedFd)>, master: Option<OwnedFd>) -> Result<ProcessIo> {
-        let mut io = ProcessIo {
-            container_fds: None,
-            console_socket: None,
-            console_listener: None,
-            spec: spec.clone(),
-            stdin_writer: Arc::new(Mutex::new(None)),
-            stdin_close: None,
-            master: None,
-            copiers: Vec::new(),
-            output_done: None,
-            stdin_fds: Arc::new(Mutex::new(None)),
-        };
+        let mut io = ProcessIo::unconnected(spec);
         if let Some((source, sink)) = stdin {
             let source = tokio::net::unix::pipe::Receiver::from_owned_fd(source)
                 .map_err(|e| ShimError::io("inherited stdin fifo", e))?;
