@@ -365,6 +365,38 @@ impl Containerd {
 }
 
 impl Containerd {
+    /// The lines `ctr -n NS t attach ID` gets from a running task within
+    /// `window` (the attach is killed then), and what ctr printed on stderr.
+    pub fn attach_lines(&self, ns: &str, id: &str, window: Duration) -> (Vec<String>, String) {
+        use std::io::BufRead;
+        let mut child = containerd_cmd("ctr")
+            .arg("-a")
+            .arg(&self.sock)
+            .args(["-n", ns, "t", "attach", id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ctr t attach");
+        let stdout = child.stdout.take().expect("attach stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = std::time::Instant::now() + window;
+        let mut lines = Vec::new();
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            lines.push(l);
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("ctr t attach output");
+        (lines, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
     /// containerd's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()

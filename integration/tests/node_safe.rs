@@ -5,7 +5,6 @@
 //! containerd, as the bar. Root only.
 
 use std::{
-    io::BufRead as _,
     process::Stdio,
     time::{Duration, Instant},
 };
@@ -76,36 +75,8 @@ fn gone(pid: i32) -> bool {
 
 /// Lines `ctr t attach` gets from a running task within `window`.
 fn attach_lines(c: &Containerd, ns: &str, id: &str, window: Duration) -> Vec<String> {
-    let mut child = integration::containerd::containerd_cmd("ctr")
-        .arg("-a")
-        .arg(&c.sock)
-        .args(["-n", ns, "t", "attach", id])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ctr t attach");
-    let stdout = child.stdout.take().expect("attach stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + window;
-    let mut lines = Vec::new();
-    while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        lines.push(l);
-    }
-    let _ = child.kill();
-    let out = child.wait_with_output().expect("ctr t attach output");
-    assert!(
-        !lines.is_empty(),
-        "ctr t attach {id} got nothing: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (lines, stderr) = c.attach_lines(ns, id, window);
+    assert!(!lines.is_empty(), "ctr t attach {id} got nothing: {stderr}");
     lines
 }
 

@@ -6,10 +6,9 @@
 //! only.
 
 use std::{
-    io::BufRead as _,
     os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
-    process::{Output, Stdio},
+    process::Output,
     time::{Duration, Instant},
 };
 
@@ -116,34 +115,11 @@ fn tail(s: &str, n: usize) -> String {
 
 /// Numbers of the `line N` lines `ctr t attach` gets within `window`.
 fn attach_numbers(c: &Containerd, id: &str, window: Duration) -> Vec<u64> {
-    let mut child = integration::containerd::containerd_cmd("ctr")
-        .arg("-a")
-        .arg(&c.sock)
-        .args(["t", "attach", id])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ctr t attach");
-    let stdout = child.stdout.take().expect("attach stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + window;
-    let mut numbers = Vec::new();
-    while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        if let Some(n) = l.strip_prefix("line ").and_then(|n| n.trim().parse().ok()) {
-            numbers.push(n);
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    numbers
+    let (lines, _) = c.attach_lines("default", id, window);
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("line ").and_then(|n| n.trim().parse().ok()))
+        .collect()
 }
 
 fn exe_inode(pid: i32) -> u64 {
