@@ -76,16 +76,16 @@ async fn running(c: &mut Client, pod: &str, pod_cfg: &api::PodSandboxConfig, cfg
 }
 
 /// Waits until the container's log has a line containing `needle`; returns the lines.
-async fn log_with(pod_cfg: &api::PodSandboxConfig, name: &str, needle: &str) -> Vec<String> {
+async fn log_with(pod_cfg: &api::PodSandboxConfig, name: &str, needles: &[&str]) -> Vec<String> {
     let deadline = Instant::now() + WAIT;
     loop {
         let lines = log_lines(pod_cfg, name);
-        if lines.iter().any(|l| l.contains(needle)) {
+        if needles.iter().all(|n| lines.iter().any(|l| l.contains(n))) {
             return lines;
         }
         assert!(
             Instant::now() < deadline,
-            "{name}: no {needle:?} in the log within {WAIT:?}: {lines:?}"
+            "{name}: not all of {needles:?} in the log within {WAIT:?}: {lines:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -146,7 +146,7 @@ async fn lifecycle(cri: &Cri, h: &'static str) -> Vec<String> {
         ),
     )
     .await;
-    log_with(&cfg, "ignores-term", "ready").await;
+    log_with(&cfg, "ignores-term", &["ready"]).await;
     let t = Instant::now();
     c.stop(&id, 2).await.expect("StopContainer");
     let took = t.elapsed();
@@ -171,7 +171,7 @@ async fn lifecycle(cri: &Cri, h: &'static str) -> Vec<String> {
         ),
     )
     .await;
-    log_with(&cfg, "traps-term", "ready").await;
+    log_with(&cfg, "traps-term", &["ready"]).await;
     let t = Instant::now();
     c.stop(&id2, 20).await.expect("StopContainer");
     let took = t.elapsed();
@@ -329,7 +329,7 @@ async fn stats(cri: &Cri, h: &'static str, test: &str) -> Vec<String> {
         ),
     )
     .await;
-    log_with(&cfg, "c", "done").await;
+    log_with(&cfg, "c", &["done"]).await;
     let s =
         c.rt.container_stats(api::ContainerStatsRequest {
             container_id: id.clone(),
@@ -585,7 +585,7 @@ async fn pod_stats(cri: &Cri, h: &'static str, host: bool) -> Vec<String> {
     let script =
         format!("dd if=/dev/zero of=/tmp/f bs=1M count=4 2>/dev/null; {ping}echo done; sleep 1000 & sleep 1000 & wait");
     let id = running(&mut c, &pod, &cfg, container("c", &["sh", "-c", &script])).await;
-    log_with(&cfg, "c", "done").await;
+    log_with(&cfg, "c", &["done"]).await;
     let mut obs = Vec::new();
     match c
         .rt
@@ -801,11 +801,14 @@ async fn seccomp(
 ) -> (Vec<String>, String) {
     let (mut c, pod, cfg) = pod(cri, test, NS, h, |_| {}).await;
     let cc = with_seccomp(
-        container("c", &["sh", "-c", &format!("{SECCOMP_PROBE}; sleep 1000")]),
+        container("c", &["sh", "-c", &format!("{SECCOMP_PROBE}; echo END >&2; sleep 1000")]),
         profile,
     );
     let id = running(&mut c, &pod, &cfg, cc).await;
-    let init = log_with(&cfg, "c", "unshare=").await;
+    // stdout and stderr reach the log by separate copies: the init's
+    // stderr is only complete once its own marker is there.
+    let mut init = log_with(&cfg, "c", &["unshare=", "stderr F END"]).await;
+    init.retain(|l| l != "stderr F END");
     let exec = c.sh(&id, SECCOMP_PROBE).await;
     c.remove_pod(&pod).await;
     (init, exec)
@@ -987,7 +990,7 @@ async fn nri_env(cri: &Cri, h: &'static str) -> (Vec<String>, String, Vec<String
         container("c", &["sh", "-c", &format!("{probe}; sleep 1000")]),
     )
     .await;
-    let init = log_with(&cfg, "c", "VAR=").await;
+    let init = log_with(&cfg, "c", &["VAR="]).await;
     let exec = c.sh(&id, &probe).await;
     let audit = inspect_rows(cri, &id);
     c.remove_pod(&pod).await;
@@ -1108,7 +1111,7 @@ async fn leftover_child(cri: &Cri, h: &'static str) -> (String, String) {
         )
         .await;
     let count = "ps -o args | grep -c '^sleep 1001$'";
-    log_with(&cfg, "parent", "started").await;
+    log_with(&cfg, "parent", &["started"]).await;
     // The child may not have exec'd `sleep` yet when the log line lands.
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut before = c.sh(&watcher, count).await;

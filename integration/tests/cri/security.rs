@@ -22,12 +22,15 @@ async fn observe(
     probe: &str,
 ) -> (Vec<String>, String) {
     let (mut c, pod, cfg) = pod(cri, test, NS, h, pf).await;
-    cc.command = ["sh", "-c", &format!("{probe}; echo END; sleep 1000")]
+    cc.command = ["sh", "-c", &format!("{probe}; echo END; echo END >&2; sleep 1000")]
         .iter()
         .map(|s| s.to_string())
         .collect();
     let id = running(&mut c, &pod, &cfg, cc).await;
-    let init = log_with(&cfg, "c", "END").await;
+    // stdout and stderr reach the log by separate copies (in runc's shim
+    // too): each stream's marker says that stream is complete.
+    let mut init = log_with(&cfg, "c", &["stdout F END", "stderr F END"]).await;
+    init.retain(|l| l != "stderr F END");
     let exec = c.sh(&id, &format!("{{ {probe}; }} 2>&1")).await;
     c.remove_pod(&pod).await;
     (init, exec)
