@@ -801,7 +801,10 @@ async fn seccomp(
 ) -> (Vec<String>, String) {
     let (mut c, pod, cfg) = pod(cri, test, NS, h, |_| {}).await;
     let cc = with_seccomp(
-        container("c", &["sh", "-c", &format!("{SECCOMP_PROBE}; echo END >&2; sleep 1000")]),
+        container(
+            "c",
+            &["sh", "-c", &format!("{SECCOMP_PROBE}; echo END >&2; sleep 1000")],
+        ),
         profile,
     );
     let id = running(&mut c, &pod, &cfg, cc).await;

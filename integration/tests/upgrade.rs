@@ -6,9 +6,10 @@
 //! only.
 
 use std::{
+    io::BufRead as _,
     os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
-    process::Output,
+    process::{Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -369,4 +370,98 @@ fn a_binary_that_cannot_take_over_leaves_the_daemon_serving() {
     run_in(&c, "upg-keep2", &[], &["/bin/sleep", "1000"]);
     wait_status(&c, "upg-keep2", "RUNNING");
     assert_no_disconnect(&c, mark, None);
+}
+
+/// A terminal container's output, which the daemon copies from the pty
+/// master to the stdout fifo, goes on across an upgrade: no line lost or
+/// repeated, and the fifo's reader never sees end of file (it did when
+/// the new image opened the fifo again: the old image's copy was its only
+/// writer). Input typed into the stdin fifo reaches the process before and
+/// after the upgrade.
+#[test]
+fn a_terminal_containers_output_goes_on_across_an_upgrade() {
+    let c = Containerd::start(Setup {
+        idle_timeout: "60s",
+        ..Setup::default()
+    });
+    let binary = own_binary(&c);
+    let chatty = "i=0; while :; do echo line $i; i=$((i+1)); usleep 100000; done";
+    let script = format!("({chatty}) & while read l; do echo got $l; done");
+    // `ctr run -t` wants a console even detached: `script` gives it one.
+    let ctr = integration::containerd::containerd_cmd("ctr")
+        .get_program()
+        .to_string_lossy()
+        .into_owned();
+    let cmdline = format!(
+        "{ctr} -a {} run -d -t --fifo-dir {} --runtime {RUNTIME} --rootfs {} upg-tty /bin/sh -c '{script}'",
+        c.sock.display(),
+        c.dir.path().join("fifo").display(),
+        c.rootfs.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmdline, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs ctr on a pty");
+    assert!(out.status.success(), "ctr run -t: {}", text(&out));
+    wait_status(&c, "upg-tty", "RUNNING");
+    // ctr's fifos: <fifo dir>/<random>/upg-tty-stdout (and -stdin).
+    let fifo = std::fs::read_dir(c.dir.path().join("fifo"))
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("upg-tty-stdout"))
+        .find(|p| p.exists())
+        .expect("the tty's stdout fifo");
+    let mut stdin = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fifo.with_file_name("upg-tty-stdin"))
+        .expect("the tty's stdin fifo");
+    let reader = std::fs::File::open(&fifo).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(reader).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    // (line numbers, the lines the read loop answered) within `window`.
+    let lines_for = |window: Duration| {
+        let deadline = Instant::now() + window;
+        let (mut numbers, mut got) = (Vec::<u64>::new(), Vec::new());
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            let l = l.trim().to_string();
+            if let Some(n) = l.strip_prefix("line ").and_then(|n| n.parse().ok()) {
+                numbers.push(n);
+            } else if l.starts_with("got ") {
+                got.push(l);
+            }
+        }
+        (numbers, got)
+    };
+    use std::io::Write as _;
+    stdin.write_all(b"before\n").unwrap();
+    let (before, got_before) = lines_for(Duration::from_secs(1));
+    assert!(!before.is_empty(), "no output before the upgrade");
+    assert_eq!(got_before, ["got before"], "input before the upgrade");
+    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let out = upgrade(&c, &binary);
+    assert!(
+        out.status.success(),
+        "upgrade: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+    stdin.write_all(b"after\n").unwrap();
+    let (after, got_after) = lines_for(Duration::from_secs(2));
+    assert!(after.len() >= 10, "output after the upgrade: {after:?}");
+    assert_eq!(got_after, ["got after"], "input after the upgrade");
+    let all: Vec<u64> = before.iter().chain(&after).copied().collect();
+    assert!(
+        all.windows(2).all(|w| w[1] == w[0] + 1),
+        "lines lost or repeated: {all:?}"
+    );
+    let kill = c.ctr(&["t", "kill", "-s", "SIGKILL", "upg-tty"]);
+    assert!(kill.status.success(), "kill: {}", text(&kill));
+    wait_status(&c, "upg-tty", "STOPPED");
 }

@@ -761,7 +761,10 @@ impl Upgrade<'_> {
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // Last: a terminal's output goes on until here.
+        self.service.stop_terminals(Duration::from_secs(1));
         let e = self.exec().await;
+        self.service.restart_terminals();
         if let Some(n) = self.nri
             && let Err(e) = n.start().await
         {

@@ -18,11 +18,13 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
-use crate::error::{Result, ShimError};
+use crate::{
+    error::{Result, ShimError},
+    sync::lock,
+};
 
 /// The stdio a client asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -134,8 +136,7 @@ pub struct ProcessIo {
     /// Tells the stdin copy task to drop the pipe's write end (CloseIO, or
     /// the process is gone).
     stdin_close: Option<Arc<tokio::sync::Notify>>,
-    master: Option<Arc<File>>,
-    copiers: Vec<JoinHandle<()>>,
+    terminal: Option<Terminal>,
     /// Fires when the terminal's output copier has copied everything.
     output_done: Option<tokio::sync::oneshot::Receiver<()>>,
     /// The stdin copier's (fifo, pipe) fds while it runs: an upgrade hands
@@ -153,6 +154,15 @@ pub struct IoFds {
     pub stdin_sink: Option<RawFd>,
     /// A terminal's pty master.
     pub master: Option<RawFd>,
+    /// A terminal's stdin fifo (open read-write) its input copier reads;
+    /// absent in a handover from an image that reopened it.
+    #[serde(default)]
+    pub term_input: Option<RawFd>,
+    /// A terminal's stdout fifo its output copier writes (absent once that
+    /// copy ended); holding it across the exec means the fifo's reader
+    /// never sees end of file in between.
+    #[serde(default)]
+    pub term_output: Option<RawFd>,
 }
 
 impl ProcessIo {
@@ -165,8 +175,7 @@ impl ProcessIo {
             spec: spec.clone(),
             stdin_writer: Arc::new(Mutex::new(None)),
             stdin_close: None,
-            master: None,
-            copiers: Vec::new(),
+            terminal: None,
             output_done: None,
             stdin_fds: Arc::new(Mutex::new(None)),
         }
@@ -236,41 +245,51 @@ impl ProcessIo {
         stream
             .set_nonblocking(false)
             .map_err(|e| ShimError::io("console socket", e))?;
-        let master = Arc::new(File::from(recv_fd(&stream)?));
+        let master = File::from(recv_fd(&stream)?);
         if let Some(p) = self.console_socket.take() {
             let _ = std::fs::remove_file(p);
         }
-        self.copy_terminal(master)
+        self.copy_terminal(master, None, None)
     }
 
     fn spawn_stdin_copier(&mut self, source: tokio::net::unix::pipe::Receiver, sink: tokio::net::unix::pipe::Sender) {
         let close = Arc::new(tokio::sync::Notify::new());
         self.stdin_close = Some(close.clone());
-        *crate::sync::lock(&self.stdin_fds) = Some((source.as_raw_fd(), sink.as_raw_fd()));
+        *lock(&self.stdin_fds) = Some((source.as_raw_fd(), sink.as_raw_fd()));
         tokio::spawn(copy_stdin(source, sink, close, self.stdin_fds.clone()));
     }
 
     /// The fds the daemon holds for this process's stdio (valid while it
     /// is alive; see [`IoFds`]).
     pub fn live_fds(&self) -> IoFds {
-        let stdin = *crate::sync::lock(&self.stdin_fds);
+        let stdin = *lock(&self.stdin_fds);
+        let term = self.terminal.as_ref();
         IoFds {
             stdin_source: stdin.map(|s| s.0),
             stdin_sink: stdin.map(|s| s.1),
-            master: self.master.as_ref().map(|m| m.as_raw_fd()),
+            master: term.map(|t| t.master.as_raw_fd()),
+            term_input: term.and_then(|t| t.input.as_ref()).map(|f| f.as_raw_fd()),
+            term_output: term.and_then(|t| lock(&t.output).as_ref().map(|o| o.0.as_raw_fd())),
         }
     }
 
     /// Carries on the stdio of a process the previous image of the daemon
     /// started, from the fds it handed over ([`ProcessIo::live_fds`] there,
     /// now owned here): the stdin copier or the terminal's copiers again.
+    /// A terminal's fifos are opened again when `term` lacks them (an image
+    /// that did not hand them over).
     ///
     /// Must run inside a tokio runtime.
     ///
     /// # Errors
     /// When an fd is not what it should be, or the terminal's fifos do not
     /// open.
-    pub fn resume(spec: &StdioSpec, stdin: Option<(OwnedFd, OwnedFd)>, master: Option<OwnedFd>) -> Result<ProcessIo> {
+    pub fn resume(
+        spec: &StdioSpec,
+        stdin: Option<(OwnedFd, OwnedFd)>,
+        master: Option<OwnedFd>,
+        term: (Option<OwnedFd>, Option<OwnedFd>),
+    ) -> Result<ProcessIo> {
         let mut io = ProcessIo::unconnected(spec);
         if let Some((source, sink)) = stdin {
             let source = tokio::net::unix::pipe::Receiver::from_owned_fd(source)
@@ -280,48 +299,63 @@ impl ProcessIo {
             io.spawn_stdin_copier(source, sink);
         }
         if let Some(m) = master {
-            io.copy_terminal(Arc::new(File::from(m)))?;
+            io.copy_terminal(File::from(m), term.0.map(File::from), term.1.map(File::from))?;
         }
         Ok(io)
     }
 
-    /// Copies between a terminal's pty master and the process's fifos.
-    fn copy_terminal(&mut self, master: Arc<File>) -> Result<()> {
-        if !self.spec.stdin.is_empty() {
-            let source = open_input(&self.spec.stdin)?;
-            let m = master.clone();
-            self.copiers.push(std::thread::spawn(move || {
-                let mut src = source;
-                let _ = io::copy(&mut src, &mut &*m);
-            }));
-        }
-        let out = open_output(&self.spec.stdout)?;
-        let m = master.clone();
+    /// Copies between a terminal's pty master and the process's fifos;
+    /// `input` and `output` are the fifos already open (else opened here).
+    fn copy_terminal(&mut self, master: File, input: Option<File>, output: Option<File>) -> Result<()> {
+        let input = match input {
+            Some(f) => Some(f),
+            None if !self.spec.stdin.is_empty() => Some(open_input(&self.spec.stdin)?),
+            None => None,
+        };
+        let output = match output {
+            Some(f) => f,
+            None => File::from(open_output(&self.spec.stdout)?),
+        };
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         self.output_done = Some(done_rx);
-        self.copiers.push(std::thread::spawn(move || {
-            let _done = done_tx; // dropped, so fired, when the copy ends
-            let mut dst = File::from(out);
-            let mut buf = [0u8; 32 << 10];
-            loop {
-                match (&*m).read(&mut buf) {
-                    // EIO: the slave side is gone (the process exited).
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if dst.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        }));
-        self.master = Some(master);
+        let mut term = Terminal {
+            master: Arc::new(master),
+            input: input.map(Arc::new),
+            output: Arc::new(Mutex::new(Some((Arc::new(output), done_tx)))),
+            running: None,
+        };
+        term.start()?;
+        self.terminal = Some(term);
         Ok(())
+    }
+
+    /// Stops a terminal's copier threads (an upgrade is about to exec), so
+    /// none holds bytes read but not yet written; waits for them at most
+    /// `patience`. What the process writes meanwhile waits in the pty.
+    /// Returns false when a thread did not stop in time (blocked writing
+    /// to a full fifo: its bytes are lost if the exec goes ahead).
+    pub fn stop_terminal(&mut self, patience: Duration) -> bool {
+        match self.terminal.as_mut() {
+            Some(t) => t.stop(patience),
+            None => true,
+        }
+    }
+
+    /// Starts a terminal's copiers again after [`ProcessIo::stop_terminal`]
+    /// (the upgrade did not happen).
+    ///
+    /// # Errors
+    /// The stop pipe cannot be made.
+    pub fn restart_terminal(&mut self) -> Result<()> {
+        match self.terminal.as_mut() {
+            Some(t) if t.running.is_none() => t.start(),
+            _ => Ok(()),
+        }
     }
 
     /// Closes the process's stdin (CloseIO).
     pub fn close_stdin(&self) {
-        crate::sync::lock(&self.stdin_writer).take();
+        lock(&self.stdin_writer).take();
         if let Some(close) = &self.stdin_close {
             // A stored permit: the task sees it even if it is not waiting yet.
             close.notify_one();
@@ -334,8 +368,9 @@ impl ProcessIo {
     /// [`ShimError::NotFound`] without a terminal, the ioctl error.
     pub fn resize(&self, width: u32, height: u32) -> Result<()> {
         let master = self
-            .master
+            .terminal
             .as_ref()
+            .map(|t| &t.master)
             .ok_or_else(|| ShimError::NotFound("process has no terminal".into()))?;
         let ws = rustix::termios::Winsize {
             ws_row: height.min(u16::MAX.into()) as u16,
@@ -376,7 +411,7 @@ async fn copy_stdin(
 ) {
     copy_stdin_until_end(&source, &mut sink, &close).await;
     // Before the fds close: their numbers may be reused at once.
-    crate::sync::lock(&fds).take();
+    lock(&fds).take();
 }
 
 async fn copy_stdin_until_end(
@@ -403,6 +438,113 @@ async fn copy_stdin_until_end(
         tokio::select! {
             _ = close.notified() => return,
             r = sink.write_all(&buf[..n]) => if r.is_err() { return },
+        }
+    }
+}
+
+/// A terminal's stdout fifo and the sender whose drop says the output is
+/// drained.
+type TermOutput = (Arc<File>, tokio::sync::oneshot::Sender<()>);
+
+/// A terminal's copier threads and the files they copy between. The
+/// files live here, not in the threads, so an upgrade can stop the
+/// threads at a clean point and hand the fds to the next image.
+struct Terminal {
+    master: Arc<File>,
+    /// The stdin fifo, read-write (never end of file, never SIGPIPE for
+    /// containerd's writer).
+    input: Option<Arc<File>>,
+    /// The stdout fifo and the sender whose drop tells the exit publisher
+    /// the output is drained; the output thread takes both when its copy
+    /// ends (the slave side gone), which closes the fifo for its reader.
+    output: Arc<Mutex<Option<TermOutput>>>,
+    /// While threads run: the stop pipe's write end (closing it stops
+    /// them) and a receiver that disconnects when every thread ended.
+    running: Option<(OwnedFd, std::sync::mpsc::Receiver<()>)>,
+}
+
+impl Terminal {
+    fn start(&mut self) -> Result<()> {
+        let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| ShimError::io("terminal copier stop pipe", e.into()))?;
+        let stop_r = Arc::new(stop_r);
+        let (ended_tx, ended_rx) = std::sync::mpsc::channel::<()>();
+        if let Some(input) = self.input.clone() {
+            let (m, stop, ended) = (self.master.clone(), stop_r.clone(), ended_tx.clone());
+            std::thread::spawn(move || {
+                let _ended = ended;
+                let mut buf = [0u8; 32 << 10];
+                while readable_or_stopped(&input, &stop) {
+                    match (&*input).read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if (&*m).write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        let out = lock(&self.output).as_ref().map(|o| o.0.clone());
+        if let Some(out) = out {
+            let (m, stop, slot) = (self.master.clone(), stop_r, self.output.clone());
+            std::thread::spawn(move || {
+                let _ended = ended_tx;
+                let mut buf = [0u8; 32 << 10];
+                loop {
+                    if !readable_or_stopped(&m, &stop) {
+                        return; // stopped: the fifo and the drained signal stay
+                    }
+                    match (&*m).read(&mut buf) {
+                        // EIO: the slave side is gone (the process exited).
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if (&*out).write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                // The copy ended: the fifo closes (with `out`) and the
+                // drained signal fires.
+                lock(&slot).take();
+            });
+        }
+        self.running = Some((stop_w, ended_rx));
+        Ok(())
+    }
+
+    fn stop(&mut self, patience: Duration) -> bool {
+        let Some((stop_w, ended)) = self.running.take() else {
+            return true;
+        };
+        drop(stop_w);
+        !matches!(
+            ended.recv_timeout(patience),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        )
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        // The threads end (their files close when they are gone).
+        self.running.take();
+    }
+}
+
+/// Waits until `fd` can be read (or has hung up: the read says which);
+/// false once `stop`'s write end is closed, which wins when both are ready.
+fn readable_or_stopped(fd: &File, stop: &OwnedFd) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        let mut fds = [PollFd::new(stop, PollFlags::IN), PollFd::new(fd, PollFlags::IN)];
+        match poll(&mut fds, None) {
+            Ok(_) if !fds[0].revents().is_empty() => return false,
+            Ok(_) if !fds[1].revents().is_empty() => return true,
+            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return true,
         }
     }
 }
@@ -541,5 +683,72 @@ mod tests {
             File::from(stdin).read_to_end(&mut rest).map(|_| rest)
         });
         assert_eq!(rest.await.unwrap().unwrap(), b"");
+    }
+
+    /// A pty pair: (master, slave), both close-on-exec.
+    fn pty() -> (File, File) {
+        // SAFETY: plain libc calls on an fd this function owns.
+        unsafe {
+            let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+            assert!(m >= 0, "posix_openpt");
+            assert_eq!(libc::grantpt(m), 0);
+            assert_eq!(libc::unlockpt(m), 0);
+            let mut name = [0 as libc::c_char; 64];
+            assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+            let path = std::ffi::CStr::from_ptr(name.as_ptr()).to_str().unwrap().to_string();
+            let slave = OpenOptions::new().read(true).write(true).open(path).unwrap();
+            (File::from_raw_fd(m), slave)
+        }
+    }
+
+    fn wait_for(path: &Path, want: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let got = std::fs::read_to_string(path).unwrap_or_default();
+            if got.contains(want) || Instant::now() > deadline {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// An upgrade stops a terminal's copiers between reads: what the
+    /// process writes meanwhile stays in the pty (nothing is held by a
+    /// thread that the exec would end), and the copy picks it up again.
+    #[tokio::test]
+    async fn a_stopped_terminal_copier_leaves_output_in_the_pty() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let spec = StdioSpec {
+            stdout: out.display().to_string(),
+            terminal: true,
+            ..Default::default()
+        };
+        let (master, mut slave) = pty();
+        let mut io = ProcessIo::unconnected(&spec);
+        io.copy_terminal(master, None, None).unwrap();
+        slave.write_all(b"one\n").unwrap();
+        assert!(wait_for(&out, "one").contains("one"));
+        assert!(io.stop_terminal(Duration::from_secs(1)), "the copier stops at once");
+        assert!(
+            io.live_fds().term_output.is_some(),
+            "the stdout fifo stays open to be handed over"
+        );
+        slave.write_all(b"two\n").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !std::fs::read_to_string(&out).unwrap().contains("two"),
+            "copied while stopped"
+        );
+        io.restart_terminal().unwrap();
+        assert!(wait_for(&out, "two").contains("two"), "the output after a restart");
+        // The slave gone: the copy ends and says the output is drained.
+        let drained = io.output_drained().unwrap();
+        drop(slave);
+        tokio::time::timeout(Duration::from_secs(5), drained)
+            .await
+            .unwrap()
+            .ok();
+        assert_eq!(io.live_fds().term_output, None, "the copy ended: the fifo is closed");
     }
 }

@@ -18,15 +18,18 @@
 //! 3. stops NRI (pre-installed plugins get Shutdown, external ones lose
 //!    their connection; the new image starts them again and synchronizes
 //!    them with the running containers);
-//! 4. duplicates without close-on-exec what the new image needs (the task
-//!    socket's listener, containerd's connections, containerd's `log`
-//!    fifos, each process's stdin pipe and fifo or pty master), writes
+//! 4. stops the terminals' copier threads between a read and the next (the
+//!    pty holds what comes meanwhile), duplicates without close-on-exec
+//!    what the new image needs (the task socket's listener, containerd's
+//!    connections, containerd's `log` fifos, each process's stdin pipe and
+//!    fifo, or pty master and both fifos: a fifo with no writer left would
+//!    read as end of file to containerd), writes
 //!    [`Handover`] to `handover.json`, and `execve`s the new binary with
 //!    the same argv and [`RESUME_ENV`] naming the file. The pid stays, so
 //!    the containers stay its children, and exits that happened meanwhile
 //!    wait as zombies.
 //!
-//! A failure before the exec (or of the exec itself) undoes steps 2 and 3
+//! A failure before the exec (or of the exec itself) undoes steps 2 to 4
 //! and answers the operator with the reason; the old image serves on.
 
 use std::{

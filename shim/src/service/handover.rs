@@ -135,6 +135,8 @@ impl ProcState {
             stdin_source: d(live.stdin_source)?,
             stdin_sink: d(live.stdin_sink)?,
             master: d(live.master)?,
+            term_input: d(live.term_input)?,
+            term_output: d(live.term_output)?,
         };
         Ok(ProcState {
             exec_id: p.exec_id.clone(),
@@ -163,6 +165,39 @@ impl Service {
                 exits = exiting
             )
         })
+    }
+
+    /// Every process's stdio objects, for [`Service::stop_terminals`] and
+    /// [`Service::restart_terminals`].
+    fn each_io(&self, f: &mut dyn FnMut(&str, &mut ProcessIo)) {
+        for t in self.inner.tasks.all() {
+            let execs: Vec<Arc<Proc>> = lock(&t.execs).values().cloned().collect();
+            for p in std::iter::once(&t.init).chain(execs.iter()) {
+                if let Some(io) = lock(&p.io).as_mut() {
+                    f(&t.describe(p), io);
+                }
+            }
+        }
+    }
+
+    /// Before an upgrade's exec: stops every terminal's copier threads
+    /// (each waited for at most `patience`), so no output read from a pty
+    /// is lost between the images; the pty buffers what comes meanwhile.
+    pub fn stop_terminals(&self, patience: Duration) {
+        self.each_io(&mut |what, io| {
+            if !io.stop_terminal(patience) {
+                tracing::warn!(process = %what, "a terminal copier did not stop before the upgrade (writing to a full stdout fifo); bytes it holds are lost");
+            }
+        });
+    }
+
+    /// After an upgrade that did not happen: the terminals' copiers again.
+    pub fn restart_terminals(&self) {
+        self.each_io(&mut |what, io| {
+            if let Err(e) = io.restart_terminal() {
+                tracing::error!(process = %what, error = %e, "terminal output is not copied any more");
+            }
+        });
     }
 
     /// The snapshot for the next image; each stdio fd is passed through
@@ -235,8 +270,12 @@ impl Service {
             _ => None,
         };
         let master = s.fds.master.and_then(&mut *take);
+        let term = (
+            s.fds.term_input.and_then(&mut *take),
+            s.fds.term_output.and_then(&mut *take),
+        );
         if stdin.is_some() || master.is_some() {
-            *lock(&proc.io) = Some(ProcessIo::resume(&stdio, stdin, master)?);
+            *lock(&proc.io) = Some(ProcessIo::resume(&stdio, stdin, master, term)?);
         }
         if s.pid > 0 && !s.reaped {
             *lock(&proc.process) = Some(self.runner().adopt(s.pid)?);
