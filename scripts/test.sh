@@ -21,11 +21,13 @@ nri_need_packages curl
 nri_containerd_versions
 
 cargo test --workspace --locked --no-fail-fast
-# The containerd tests and the CRI lane again on each containerd line
-# unpacked above (the workspace run used the system's 1.6); the
+# The containerd tests, the CRI lane and the node-safety tests (containerd
+# restarts, config reloads, in-place upgrades) again on each containerd
+# line unpacked above (the workspace run used the system's 1.6); the
 # integration tests pick the line from NRI_CONTAINERD.
 for entry in "${NRI_CONTAINERD_LINES[@]}"; do
     line=${entry%% *}
-    echo "== containerd $line: integration tests containerd and cri" >&2
-    NRI_CONTAINERD=$line cargo test --locked --no-fail-fast -p integration --test containerd --test cri
+    echo "== containerd $line: integration tests containerd, cri, node_safe, node_reload, upgrade" >&2
+    NRI_CONTAINERD=$line cargo test --locked --no-fail-fast -p integration \
+        --test containerd --test cri --test node_safe --test node_reload --test upgrade
 done
