@@ -465,3 +465,71 @@ fn a_terminal_containers_output_goes_on_across_an_upgrade() {
     assert!(kill.status.success(), "kill: {}", text(&kill));
     wait_status(&c, "upg-tty", "STOPPED");
 }
+
+/// A plain container's stdin, which the daemon copies from the stdin fifo
+/// into the process's pipe, goes on across an upgrade: lines written
+/// before and after it arrive, and closing the client's stdin afterwards
+/// is end of file for the process. `ctr run` stays attached, holding the
+/// fifos, as a client streaming stdin does; it sees no disconnect.
+#[test]
+fn a_containers_stdin_goes_on_across_an_upgrade() {
+    let c = Containerd::start(Setup {
+        idle_timeout: "60s",
+        ..Setup::default()
+    });
+    let binary = own_binary(&c);
+    let mark = c.log().len();
+    let mut ctr = integration::containerd::containerd_cmd("ctr")
+        .args(["-a", &c.sock.display().to_string(), "run", "--fifo-dir"])
+        .arg(c.dir.path().join("fifo"))
+        .args(["--runtime", RUNTIME, "--rootfs"])
+        .arg(&c.rootfs)
+        .args([
+            "upg-in",
+            "/bin/sh",
+            "-c",
+            "while read l; do echo got $l; done; echo stdin-closed; exit 3",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ctr run");
+    let mut stdin = ctr.stdin.take().unwrap();
+    let stdout = ctr.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = |what: &str| {
+        let l = rx.recv_timeout(Duration::from_secs(10));
+        assert!(l.is_ok(), "no output line {what:?} within 10 s");
+        l.unwrap()
+    };
+    wait_status(&c, "upg-in", "RUNNING");
+    use std::io::Write as _;
+    stdin.write_all(b"before\n").unwrap();
+    assert_eq!(next_line("got before"), "got before");
+    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let out = upgrade(&c, &binary);
+    assert!(
+        out.status.success(),
+        "upgrade: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+    stdin.write_all(b"after\n").unwrap();
+    assert_eq!(next_line("got after"), "got after");
+    // (Before ctr's own task delete, which disconnects.)
+    assert_no_disconnect(&c, mark, None);
+    drop(stdin);
+    assert_eq!(next_line("stdin-closed"), "stdin-closed");
+    let status = ctr.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "ctr run's exit status (the container's)");
+    let rm = c.ctr(&["c", "rm", "upg-in"]);
+    assert!(rm.status.success(), "ctr c rm: {}", text(&rm));
+}

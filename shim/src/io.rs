@@ -204,7 +204,12 @@ impl ProcessIo {
             dev_null(false)?
         } else {
             let source = open_input_async(&spec.stdin)?;
-            let (r, w) = nix::unistd::pipe().map_err(|e| ShimError::io("stdin pipe", e.into()))?;
+            // Close-on-exec: a copy of the write end in another process (a
+            // plugin or helper spawned later, the next image after an
+            // upgrade) would keep the container from ever reading end of
+            // file. The helper moves the read end into place itself.
+            let (r, w) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ShimError::io("stdin pipe", e.into()))?;
             let sink = tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(|e| ShimError::io("stdin pipe", e))?;
             io.spawn_stdin_copier(source, sink);
             r
@@ -598,6 +603,13 @@ mod tests {
         };
         let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
         let [stdin, stdout, _stderr] = io.take_fds().unwrap();
+        // Every fd the daemon keeps is close-on-exec: a copy in a process
+        // it spawns (or in the next image) would keep the pipe open.
+        let live = io.live_fds();
+        for fd in [stdin.as_raw_fd(), live.stdin_source.unwrap(), live.stdin_sink.unwrap()] {
+            let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+            assert_ne!(flags & libc::FD_CLOEXEC, 0, "fd {fd} is inherited by children");
+        }
         // Something written into the stdin fifo reaches the container's stdin.
         let mut client_in = OpenOptions::new().write(true).open(&i).unwrap();
         client_in.write_all(b"hello").unwrap();
