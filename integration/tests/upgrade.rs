@@ -533,3 +533,77 @@ fn a_containers_stdin_goes_on_across_an_upgrade() {
     let rm = c.ctr(&["c", "rm", "upg-in"]);
     assert!(rm.status.success(), "ctr c rm: {}", text(&rm));
 }
+
+/// The CRI view across an upgrade: a pod (its sandbox through our shim)
+/// and a chatty container in it run on, CRI reports them running, exec
+/// works, the container's log keeps every line, a new container in the
+/// same pod is still adjusted by the pre-installed plugin (restarted by
+/// the new image and synchronized with the running pod), and the pod is
+/// stopped and removed with nothing lost; containerd logs no disconnect.
+#[tokio::test]
+async fn a_cri_pod_goes_on_across_an_upgrade() {
+    use integration::cri::{Cri, CriSetup, NRI_ENV, NRI_NAMESPACE, api, container, log_lines};
+    const WAIT: Duration = Duration::from_secs(60);
+    let bin_dir = tempfile::tempdir().unwrap();
+    let binary = bin_dir.path().join(SHIM);
+    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let rule = format!(
+        "[[rule]]\nname = \"upgrade\"\n[rule.match]\npod_namespace = \"{NRI_NAMESPACE}\"\n[rule.adjust]\nenv = {{ {} = \"{}\" }}\n",
+        NRI_ENV.0, NRI_ENV.1
+    );
+    let cri = Cri::start(CriSetup {
+        plugins: vec![("10-adjuster", workspace_bin("nri-adjuster"), rule)],
+        shim_bin: Some(binary.clone()),
+    });
+    let mut c = cri.client().await;
+    let cfg = cri.pod_config("upg", NRI_NAMESPACE, "nri-shim", |_| {});
+    let pod = c.run_pod(&cfg, "nri-shim").await;
+    let chatty = "i=0; while :; do echo line $i; i=$((i+1)); usleep 100000; done";
+    let id = c
+        .create_running(&pod, &cfg, container("c", &["sh", "-c", chatty]), WAIT)
+        .await;
+    let probe = format!("echo ${}", NRI_ENV.0);
+    assert_eq!(c.sh(&id, &probe).await.trim(), NRI_ENV.1, "adjusted before the upgrade");
+    std::thread::sleep(Duration::from_millis(500));
+    let mark = cri.log().len();
+
+    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let out = std::process::Command::new(&binary)
+        .args(["-address", &cri.sock.display().to_string(), "upgrade"])
+        .env("NRI_SHIM_CONFIG", cri.dir.join("shim.toml"))
+        .output()
+        .expect("run the upgrade action");
+    assert!(out.status.success(), "upgrade: {}", text(&out));
+
+    let st = c.status(&id).await.expect("ContainerStatus after the upgrade");
+    assert_eq!(st.state, api::ContainerState::ContainerRunning as i32, "{st:?}");
+    assert_eq!(c.sh(&id, &probe).await.trim(), NRI_ENV.1, "exec after the upgrade");
+    let second = c
+        .create_running(&pod, &cfg, container("d", &["sleep", "1000"]), WAIT)
+        .await;
+    assert_eq!(
+        c.sh(&second, &probe).await.trim(),
+        NRI_ENV.1,
+        "a container created after the upgrade is adjusted"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    // Every line number once, none missing (the log is sorted as text).
+    let mut numbers: Vec<u64> = log_lines(&cfg, "c")
+        .iter()
+        .filter_map(|l| l.strip_prefix("stdout F line ")?.trim().parse().ok())
+        .collect();
+    numbers.sort_unstable();
+    assert!(numbers.len() >= 15, "log of c: {numbers:?}");
+    assert!(
+        numbers.windows(2).all(|w| w[1] == w[0] + 1) && numbers[0] == 0,
+        "lines lost or repeated in c's log: {numbers:?}"
+    );
+    let log = cri.log()[mark..].to_string();
+    assert!(
+        !log.contains("shim disconnected") && !log.contains("cleaning up dead shim"),
+        "containerd lost the shim:\n{}",
+        tail(&log, 60)
+    );
+    c.remove_pod(&pod).await;
+    cri.teardown();
+}
