@@ -761,9 +761,18 @@ impl Upgrade<'_> {
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // Last: a terminal's output goes on until here.
+        // Last: stdio is copied until here.
         self.service.stop_terminals(Duration::from_secs(1));
+        let mut parks = self.service.stdin_parks();
+        let late = crate::io::park_stdin(&mut parks, Duration::from_secs(1)).await;
+        if late > 0 {
+            tracing::warn!(
+                copiers = late,
+                "stdin copiers did not park before the upgrade (writing to a full pipe); bytes they hold are lost"
+            );
+        }
         let e = self.exec().await;
+        crate::io::unpark_stdin(&parks);
         self.service.restart_terminals();
         if let Some(n) = self.nri
             && let Err(e) = n.start().await

@@ -136,6 +136,9 @@ pub struct ProcessIo {
     /// Tells the stdin copy task to drop the pipe's write end (CloseIO, or
     /// the process is gone).
     stdin_close: Option<Arc<tokio::sync::Notify>>,
+    /// Parks the stdin copier for an upgrade: (set true to park, true once
+    /// parked).
+    stdin_park: Option<StdinPark>,
     terminal: Option<Terminal>,
     /// Fires when the terminal's output copier has copied everything.
     output_done: Option<tokio::sync::oneshot::Receiver<()>>,
@@ -175,6 +178,7 @@ impl ProcessIo {
             spec: spec.clone(),
             stdin_writer: Arc::new(Mutex::new(None)),
             stdin_close: None,
+            stdin_park: None,
             terminal: None,
             output_done: None,
             stdin_fds: Arc::new(Mutex::new(None)),
@@ -260,8 +264,12 @@ impl ProcessIo {
     fn spawn_stdin_copier(&mut self, source: tokio::net::unix::pipe::Receiver, sink: tokio::net::unix::pipe::Sender) {
         let close = Arc::new(tokio::sync::Notify::new());
         self.stdin_close = Some(close.clone());
+        let (park_tx, park_rx) = tokio::sync::watch::channel(false);
+        let (parked_tx, parked_rx) = tokio::sync::watch::channel(false);
+        self.stdin_park = Some((Arc::new(park_tx), parked_rx));
         *lock(&self.stdin_fds) = Some((source.as_raw_fd(), sink.as_raw_fd()));
-        tokio::spawn(copy_stdin(source, sink, close, self.stdin_fds.clone()));
+        let park = (park_rx, parked_tx);
+        tokio::spawn(copy_stdin(source, sink, close, park, self.stdin_fds.clone()));
     }
 
     /// The fds the daemon holds for this process's stdio (valid while it
@@ -358,6 +366,12 @@ impl ProcessIo {
         }
     }
 
+    /// The handles that park this process's stdin copier (see
+    /// [`park_stdin`]); none without a stdin pipe.
+    pub fn stdin_park(&self) -> Option<StdinPark> {
+        self.stdin_park.clone()
+    }
+
     /// Closes the process's stdin (CloseIO).
     pub fn close_stdin(&self) {
         lock(&self.stdin_writer).take();
@@ -412,9 +426,10 @@ async fn copy_stdin(
     source: tokio::net::unix::pipe::Receiver,
     mut sink: tokio::net::unix::pipe::Sender,
     close: Arc<tokio::sync::Notify>,
+    mut park: (tokio::sync::watch::Receiver<bool>, tokio::sync::watch::Sender<bool>),
     fds: Arc<Mutex<Option<(RawFd, RawFd)>>>,
 ) {
-    copy_stdin_until_end(&source, &mut sink, &close).await;
+    copy_stdin_until_end(&source, &mut sink, &close, &mut park).await;
     // Before the fds close: their numbers may be reused at once.
     lock(&fds).take();
 }
@@ -423,12 +438,25 @@ async fn copy_stdin_until_end(
     source: &tokio::net::unix::pipe::Receiver,
     sink: &mut tokio::net::unix::pipe::Sender,
     close: &tokio::sync::Notify,
+    (park, parked): &mut (tokio::sync::watch::Receiver<bool>, tokio::sync::watch::Sender<bool>),
 ) {
     use tokio::io::AsyncWriteExt;
     let mut buf: Vec<u8> = Vec::new();
     loop {
+        if *park.borrow_and_update() {
+            // Parked between a write and the next read: no byte is held
+            // here when the upgrade's exec ends this task.
+            parked.send_replace(true);
+            tokio::select! {
+                _ = close.notified() => return,
+                r = park.wait_for(|p| !*p) => if r.is_err() { return },
+            }
+            parked.send_replace(false);
+            continue;
+        }
         tokio::select! {
             _ = close.notified() => return,
+            r = park.changed() => if r.is_err() { return } else { continue },
             r = source.readable() => if r.is_err() { return },
         }
         if buf.is_empty() {
@@ -444,6 +472,44 @@ async fn copy_stdin_until_end(
             _ = close.notified() => return,
             r = sink.write_all(&buf[..n]) => if r.is_err() { return },
         }
+    }
+}
+
+/// A stdin copier's parking handles: the flag that parks it, and the flag
+/// it sets once parked.
+pub type StdinPark = (
+    Arc<tokio::sync::watch::Sender<bool>>,
+    tokio::sync::watch::Receiver<bool>,
+);
+
+/// Parks the stdin copiers of `parks` (an upgrade is about to exec): each
+/// finishes the write it is in and reads nothing more; the fifo holds what
+/// the client writes meanwhile. Waits at most `patience` in all; returns
+/// how many did not park in time (blocked writing to a full pipe: their
+/// bytes are lost if the exec goes ahead). A copier that ended counts as
+/// parked.
+pub async fn park_stdin(parks: &mut [StdinPark], patience: Duration) -> usize {
+    for (park, _) in parks.iter() {
+        park.send_replace(true);
+    }
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut late = 0;
+    for (_, parked) in parks.iter_mut() {
+        // An error: the copier is gone, which is as good as parked.
+        if tokio::time::timeout_at(deadline, parked.wait_for(|p| *p))
+            .await
+            .is_err()
+        {
+            late += 1;
+        }
+    }
+    late
+}
+
+/// Lets parked stdin copiers go on (the upgrade did not happen).
+pub fn unpark_stdin(parks: &[StdinPark]) {
+    for (park, _) in parks {
+        park.send_replace(false);
     }
 }
 
@@ -695,6 +761,53 @@ mod tests {
             File::from(stdin).read_to_end(&mut rest).map(|_| rest)
         });
         assert_eq!(rest.await.unwrap().unwrap(), b"");
+    }
+
+    /// An upgrade parks the stdin copier between a write and the next
+    /// read: input written meanwhile stays in the fifo (no byte is held by
+    /// the task the exec ends), and unparked, the copy goes on.
+    #[tokio::test]
+    async fn a_parked_stdin_copier_leaves_input_in_the_fifo() {
+        let d = tempfile::tempdir().unwrap();
+        let i = d.path().join("in");
+        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let spec = StdioSpec {
+            stdin: i.to_string_lossy().into(),
+            ..Default::default()
+        };
+        let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
+        let [stdin, _, _] = io.take_fds().unwrap();
+        let stdin = tokio::net::unix::pipe::Receiver::from_owned_fd(stdin).unwrap();
+        let mut client = OpenOptions::new().write(true).open(&i).unwrap();
+        let read_some = |n: usize| {
+            let stdin = &stdin;
+            async move {
+                let mut got = vec![0u8; n];
+                let mut at = 0;
+                while at < n {
+                    stdin.readable().await.unwrap();
+                    match stdin.try_read(&mut got[at..]) {
+                        Ok(k) => at += k,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                got
+            }
+        };
+        client.write_all(b"one").unwrap();
+        assert_eq!(read_some(3).await, b"one");
+        let mut parks: Vec<StdinPark> = io.stdin_park().into_iter().collect();
+        assert_eq!(
+            park_stdin(&mut parks, Duration::from_secs(1)).await,
+            0,
+            "parked at once"
+        );
+        client.write_all(b"two").unwrap();
+        let early = tokio::time::timeout(Duration::from_millis(200), read_some(1)).await;
+        assert!(early.is_err(), "copied while parked: {early:?}");
+        unpark_stdin(&parks);
+        assert_eq!(read_some(3).await, b"two");
     }
 
     /// A pty pair: (master, slave), both close-on-exec.

@@ -18,8 +18,9 @@
 //! 3. stops NRI (pre-installed plugins get Shutdown, external ones lose
 //!    their connection; the new image starts them again and synchronizes
 //!    them with the running containers);
-//! 4. stops the terminals' copier threads between a read and the next (the
-//!    pty holds what comes meanwhile), duplicates without close-on-exec
+//! 4. stops the terminals' copier threads and parks the stdin copiers,
+//!    each between a write and the next read (the pty or fifo holds what
+//!    comes meanwhile, so no byte is in flight at the exec), duplicates without close-on-exec
 //!    what the new image needs (the task socket's listener, containerd's
 //!    connections, containerd's `log` fifos, each process's stdin pipe and
 //!    fifo, or pty master and both fifos: a fifo with no writer left would

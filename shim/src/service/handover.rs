@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     error::{Result, ShimError},
-    io::{IoFds, ProcessIo, StdioSpec},
+    io::{IoFds, ProcessIo, StdinPark, StdioSpec},
     monitor::ExitStatus,
     nri::Role,
     sync::lock,
@@ -189,6 +189,13 @@ impl Service {
                 tracing::warn!(process = %what, "a terminal copier did not stop before the upgrade (writing to a full stdout fifo); bytes it holds are lost");
             }
         });
+    }
+
+    /// Every stdin copier's parking handles (see [`crate::io::park_stdin`]).
+    pub fn stdin_parks(&self) -> Vec<StdinPark> {
+        let mut parks = Vec::new();
+        self.each_io(&mut |_, io| parks.extend(io.stdin_park()));
+        parks
     }
 
     /// After an upgrade that did not happen: the terminals' copiers again.
