@@ -201,14 +201,17 @@ impl TtrpcLink {
     ) -> Result<Vec<api::ContainerUpdate>, PluginError> {
         let (mut pods_left, mut ctrs_left) = (pods, containers);
         let (mut pods_per, mut ctrs_per) = (pods.len(), containers.len());
+        // Each object's encoded size, once: a chunk is measured from these
+        // and cloned only when it is sent (measuring clones of the whole
+        // set was most of a large node's sync time).
+        let pod_sizes = ChunkSizes::of(pods);
+        let ctr_sizes = ChunkSizes::of(containers);
+        let (mut pods_at, mut ctrs_at) = (0, 0);
         loop {
-            let req = api::SynchronizeRequest {
-                pods: pods_left[..pods_per].to_vec(),
-                containers: ctrs_left[..ctrs_per].to_vec(),
-                more: pods_left.len() > pods_per || ctrs_left.len() > ctrs_per,
-                ..Default::default()
-            };
-            let size = req.compute_size() as usize;
+            let more = pods_left.len() > pods_per || ctrs_left.len() > ctrs_per;
+            let size = (pod_sizes.range(pods_at, pods_per)
+                + ctr_sizes.range(ctrs_at, ctrs_per)
+                + if more { 2 } else { 0 }) as usize;
             if size > limit {
                 (pods_per, ctrs_per) = split_counts(pods_per, ctrs_per, size, limit)
                     .ok_or_else(|| PluginError::Protocol(format!(
@@ -227,6 +230,13 @@ impl TtrpcLink {
                 }
                 continue;
             }
+            let req = api::SynchronizeRequest {
+                pods: pods_left[..pods_per].to_vec(),
+                containers: ctrs_left[..ctrs_per].to_vec(),
+                more,
+                ..Default::default()
+            };
+            debug_assert_eq!(req.compute_size() as usize, size, "sync chunk size");
             tracing::debug!(
                 plugin = %self.name,
                 pods = req.pods.len(),
@@ -235,7 +245,6 @@ impl TtrpcLink {
                 bytes = size,
                 "sending sync message"
             );
-            let more = req.more;
             let rsp = self
                 .call(|c, ctx| async move { c.synchronize(ctx, &req).await })
                 .await?;
@@ -249,6 +258,7 @@ impl TtrpcLink {
             }
             pods_left = &pods_left[pods_per..];
             ctrs_left = &ctrs_left[ctrs_per..];
+            (pods_at, ctrs_at) = (pods_at + pods_per, ctrs_at + ctrs_per);
             pods_per = pods_per.min(pods_left.len());
             ctrs_per = ctrs_per.min(ctrs_left.len());
             if pods_per + ctrs_per == 0 {
@@ -543,6 +553,30 @@ pub(crate) const SYNC_MESSAGE_LIMIT: usize = nri_proto::TTRPC_MAX_MESSAGE - 4096
 
 /// NRI's `recalcObjsPerSyncMsg`: new per-message counts after a message of
 /// `size` bytes exceeded `limit`. `None` when already at the minimum.
+/// Prefix sums of the bytes objects take as elements of a repeated
+/// message field (tag, length varint, body), for sizing sync chunks.
+struct ChunkSizes(Vec<u64>);
+
+impl ChunkSizes {
+    fn of<M: protobuf::Message>(objs: &[M]) -> ChunkSizes {
+        let mut sums = Vec::with_capacity(objs.len() + 1);
+        let mut total = 0u64;
+        sums.push(0);
+        for o in objs {
+            let body = o.compute_size();
+            // Field numbers 1 and 2: a one-byte tag.
+            total += 1 + protobuf::rt::compute_raw_varint64_size(body) + body;
+            sums.push(total);
+        }
+        ChunkSizes(sums)
+    }
+
+    /// Bytes of the `n` objects from index `at`.
+    fn range(&self, at: usize, n: usize) -> u64 {
+        self.0[at + n] - self.0[at]
+    }
+}
+
 pub(crate) fn split_counts(pods: usize, ctrs: usize, size: usize, limit: usize) -> Option<(usize, usize)> {
     const MIN_OBJS_PER_MSG: usize = 8;
     if pods + ctrs <= MIN_OBJS_PER_MSG || size <= limit || limit == 0 {
