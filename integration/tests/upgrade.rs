@@ -607,3 +607,47 @@ async fn a_cri_pod_goes_on_across_an_upgrade() {
     c.remove_pod(&pod).await;
     cri.teardown();
 }
+
+/// After the exec there is no going back: when NRI cannot start in the new
+/// image (here its socket path has become a directory), the daemon serves
+/// on without plugins, and the operator's `upgrade` says so in its answer
+/// with the reason, instead of a plain "ok".
+#[test]
+fn an_upgrade_whose_nri_cannot_start_says_so() {
+    let c = Containerd::start(Setup {
+        idle_timeout: "60s",
+        ..Setup::default()
+    });
+    let binary = own_binary(&c);
+    let out = c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--rootfs",
+        &c.rootfs.display().to_string(),
+        "upg-nri",
+        "/bin/sleep",
+        "1000",
+    ]);
+    assert!(out.status.success(), "ctr run: {}", text(&out));
+    wait_status(&c, "upg-nri", "RUNNING");
+    // The old image keeps its listening fd; the path is a directory now.
+    std::fs::rename(&c.nri_sock, c.nri_sock.with_extension("moved")).unwrap();
+    std::fs::create_dir(&c.nri_sock).unwrap();
+    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let out = upgrade(&c, &binary);
+    let said = text(&out);
+    assert!(out.status.success(), "upgrade: {said}");
+    assert!(
+        said.contains("warning: NRI did not start") && said.contains(&c.nri_sock.display().to_string()),
+        "the upgrade's answer names NRI's failure and the path: {said}\nshim log:\n{}",
+        tail(&c.shim_log(), 30)
+    );
+    // Containers are still served.
+    wait_status(&c, "upg-nri", "RUNNING");
+    let kill = c.ctr(&["t", "kill", "-s", "SIGKILL", "upg-nri"]);
+    assert!(kill.status.success(), "kill: {}", text(&kill));
+    wait_status(&c, "upg-nri", "STOPPED");
+    std::fs::remove_dir(&c.nri_sock).unwrap();
+}

@@ -506,6 +506,8 @@ async fn serve(
     }
     let resumed = listener_fd.is_some();
     let metrics = config.metrics.address.map(|_| Arc::new(crate::metrics::Metrics::new()));
+    // Why NRI is not running after an upgrade (told to the operator).
+    let mut nri_failed: Option<String> = None;
     let nri = if config.nri.disable {
         tracing::info!("NRI disabled by configuration");
         None
@@ -516,7 +518,9 @@ async fn serve(
             // After an upgrade containers run and containerd is connected:
             // an exit here would lose them all.
             Err(e) if resumed => {
-                tracing::error!(error = %crate::error::chain(&e), "NRI did not start after the upgrade; serving without it until the next restart or upgrade");
+                let why = crate::error::chain(&e);
+                tracing::error!(error = %why, "NRI did not start after the upgrade; serving without it until the next restart or upgrade");
+                nri_failed = Some(why);
             }
             Err(e) => return Err(e).context("start NRI"),
         }
@@ -615,6 +619,14 @@ async fn serve(
             exe.display(),
             service.task_count()
         );
+        // The upgrade happened either way (there is no going back), but
+        // the operator must see that plugins are not being called.
+        let line = match &nri_failed {
+            Some(why) => format!(
+                "{line} warning: NRI did not start, containers are created without plugins until the next restart or upgrade: {why}"
+            ),
+            None => line,
+        };
         tracing::info!(result = %line, "upgrade done");
         crate::upgrade::write_result(&dir, &line);
     }
