@@ -125,6 +125,8 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 async fn main() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal, not in a file, pipe or CI log.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .init();
     let args = Args::parse();

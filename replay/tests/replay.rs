@@ -381,3 +381,32 @@ fn the_template_plugin_adjusts_under_nri_replay() {
     );
     assert_eq!(create["changes"][0]["plugin"], "50-template", "{create:#}");
 }
+
+/// nri-replay's log lines on stderr carry no terminal colour codes when
+/// stderr is not a terminal (a file, a pipe, a CI log): here the warning for
+/// a file in the plugin directory that is not an executable.
+#[test]
+fn log_lines_off_a_terminal_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, conf) = (dir.path().join("plugins"), dir.path().join("conf.d"));
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(plugins.join("README"), "not a plugin\n").unwrap();
+    let out = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.path().join("nri.sock"))
+        .arg("--plugin-path")
+        .arg(&plugins)
+        .arg("--plugin-config-path")
+        .arg(&conf)
+        .arg(testdata("scenarios/basic.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("WARN") && err.contains("README"),
+        "no warning for the file: {err}"
+    );
+    assert!(!err.contains('\x1b'), "colour codes in: {err:?}");
+}

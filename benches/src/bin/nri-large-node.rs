@@ -16,9 +16,10 @@
 //!   and, as the service time, creates one at a time.
 //!
 //! A current-thread runtime, as the shim daemon uses. Run with
-//! `cargo run --release -p nri-benches --bin nri-large-node`
+//! `cargo build --release -p nri-benches && ./target/release/nri-large-node`
 //! (`NRI_LARGE_ROUNDS` sets the number of sync joins and create rounds,
-//! default 20); it uses the `nri-bench-plugin` built next to it.
+//! default 20); it uses the `nri-bench-plugin` built next to it, which
+//! `cargo run --bin nri-large-node` alone does not build.
 
 use std::{
     path::Path,

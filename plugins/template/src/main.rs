@@ -75,7 +75,7 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     // The stub logs registration and shutdown through `tracing`: without a
-    // subscriber those lines are lost. RUST_LOG=debug shows more.
+    // subscriber those lines are lost. RUST_LOG sets the filter (info by default).
     cli::init_logging();
     let args = Args::parse();
     let builder = Stub::builder(Template::default())
