@@ -63,7 +63,7 @@ impl Registry {
             // Stable order: index, then name (upstream leaves ties unordered).
             list.sort_by(|a, b| (a.idx.as_str(), a.base.as_str()).cmp(&(b.idx.as_str(), b.base.as_str())));
         }
-        tracing::info!(plugin = %p.name(), origin = ?p.origin, "NRI plugin active");
+        tracing::info!(plugin = %p.name(), origin = %p.origin, "NRI plugin active");
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             p.closed().await;

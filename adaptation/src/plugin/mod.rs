@@ -46,6 +46,24 @@ pub enum PluginOrigin {
     },
 }
 
+/// For log lines: `external (pid 42)`, `built-in`, `pre-installed
+/// /opt/nri/plugins/10-a (pid 43)`; the pid is left out when unknown.
+impl std::fmt::Display for PluginOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginOrigin::External { pid } => {
+                f.write_str("external")?;
+                pid.map_or(Ok(()), |p| write!(f, " (pid {p})"))
+            }
+            PluginOrigin::Builtin => f.write_str("built-in"),
+            PluginOrigin::Launched { path, pid } => {
+                write!(f, "pre-installed {}", path.display())?;
+                pid.map_or(Ok(()), |p| write!(f, " (pid {p})"))
+            }
+        }
+    }
+}
+
 /// A connected, configured plugin.
 pub(crate) struct Plugin {
     pub idx: String,
@@ -317,5 +335,25 @@ impl Plugin {
     ) -> Result<api::ValidateContainerAdjustmentResponse, PluginError> {
         self.request("ValidateContainerAdjustment", self.link.validate(req))
             .await
+    }
+}
+
+#[cfg(test)]
+mod origin_tests {
+    use super::PluginOrigin;
+
+    #[test]
+    fn origins_read_as_words_in_log_lines() {
+        let launched = PluginOrigin::Launched {
+            path: "/opt/nri/plugins/10-a".into(),
+            pid: Some(43),
+        };
+        assert_eq!(launched.to_string(), "pre-installed /opt/nri/plugins/10-a (pid 43)");
+        assert_eq!(
+            PluginOrigin::External { pid: Some(42) }.to_string(),
+            "external (pid 42)"
+        );
+        assert_eq!(PluginOrigin::External { pid: None }.to_string(), "external");
+        assert_eq!(PluginOrigin::Builtin.to_string(), "built-in");
     }
 }
