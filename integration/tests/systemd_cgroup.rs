@@ -277,3 +277,152 @@ fn systemd_path_without_the_option_is_refused() {
     let out = run(&c, RUNC, runc_id, &["--cgroup".into(), path(runc_id)], &["/bin/true"]);
     assert!(out.status.success(), "runc refused: {}", text(&out));
 }
+
+/// What one CRI handler did with the systemd driver, for the comparison.
+#[derive(Debug, PartialEq)]
+struct CriSeen {
+    memory_max: String,
+    memory_max_after_update: String,
+    unit_memory_max_after_update: String,
+    working_set_nonzero: bool,
+    cpu_nonzero: bool,
+}
+
+/// Through CRI with the systemd driver, as kubelet's systemd driver uses
+/// it: a pod whose `cgroup_parent` is its slice
+/// (`kubepods-besteffort-pod<uid>.slice`); containerd's CRI then sends
+/// `<slice>:cri-containerd:<id>` for the sandbox and each container. On a
+/// systemd cgroup v2 host the sandbox and the container are scopes in the
+/// slice, the container's memory limit and its UpdateContainerResources
+/// land in its scope (file and unit property), ContainerStats reads it,
+/// and removing the container and the pod leaves no scope; as with runc.
+/// Elsewhere both handlers fail RunPodSandbox naming systemd, leaving no
+/// cgroup.
+#[test]
+fn cri_systemd_driver_matches_runc() {
+    use integration::cri::{Cri, CriSetup, api, container};
+    let cri = Cri::start(CriSetup {
+        systemd_handlers: true,
+        ..Default::default()
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = rt.block_on(async {
+        let mut c = cri.client().await;
+        let mut seen = Vec::new();
+        for (handler, uid) in [("runc-systemd", "7a11"), ("nri-shim-systemd", "7b22")] {
+            let slice = format!("kubepods-besteffort-pod{uid}.slice");
+            let slice_dir = Path::new("/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice").join(&slice);
+            let cfg = cri.pod_config("sd", "default", handler, |p| {
+                let l = p.linux.as_mut().unwrap();
+                l.cgroup_parent = slice.clone();
+                let ns = l.security_context.as_mut().unwrap().namespace_options.as_mut().unwrap();
+                ns.network = api::NamespaceMode::Node as i32;
+                // The host's UTS namespace with the host's network.
+                p.hostname.clear();
+            });
+            if !systemd_host() {
+                let r =
+                    c.rt.run_pod_sandbox(api::RunPodSandboxRequest {
+                        config: Some(cfg.clone()),
+                        runtime_handler: handler.into(),
+                    })
+                    .await;
+                let e = r.expect_err(&format!("{handler}: RunPodSandbox without systemd"));
+                assert!(e.message().contains("systemd"), "{handler}: {e}");
+                if handler == "nri-shim-systemd" {
+                    assert!(e.message().contains("SystemdCgroup"), "not our shim's refusal: {e}");
+                }
+                assert_eq!(cgroup::dirs("/kubepods.slice"), Vec::<PathBuf>::new(), "{handler}");
+                continue;
+            }
+            let pod = c.run_pod(&cfg, handler).await;
+            let pod_scope = slice_dir.join(format!("cri-containerd-{pod}.scope"));
+            assert!(
+                pod_scope.is_dir(),
+                "{handler}: no sandbox scope {}",
+                pod_scope.display()
+            );
+            let mut cc = container("app", &["sleep", "300"]);
+            cc.linux.as_mut().unwrap().resources = Some(api::LinuxContainerResources {
+                memory_limit_in_bytes: 134217728,
+                ..Default::default()
+            });
+            let id = c.create_running(&pod, &cfg, cc, Duration::from_secs(60)).await;
+            // The handler's shim runs it: ours keeps libcontainer state.
+            let ours = std::fs::read_dir(&cri.shim_state)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|d| d.path().join("containers").join(&id).exists());
+            assert_eq!(ours, handler == "nri-shim-systemd", "{handler}: run by the wrong shim");
+            let unit = format!("cri-containerd-{id}.scope");
+            let scope = slice_dir.join(&unit);
+            assert!(scope.is_dir(), "{handler}: no container scope {}", scope.display());
+            let memory_max = read(&scope.join("memory.max"));
+            c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+                container_id: id.clone(),
+                linux: Some(api::LinuxContainerResources {
+                    memory_limit_in_bytes: 100663296,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{handler}: UpdateContainerResources: {e}"));
+            let memory_max_after_update = read(&scope.join("memory.max"));
+            let unit_memory_max_after_update = unit_property(&unit, "MemoryMax");
+            let s =
+                c.rt.container_stats(api::ContainerStatsRequest {
+                    container_id: id.clone(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{handler}: ContainerStats: {e}"))
+                .into_inner()
+                .stats
+                .expect("stats");
+            let nonzero = |v: Option<u64>| v.unwrap_or(0) > 0;
+            let working_set_nonzero = nonzero(
+                s.memory
+                    .as_ref()
+                    .and_then(|m| m.working_set_bytes.as_ref())
+                    .map(|v| v.value),
+            );
+            let cpu_nonzero = nonzero(
+                s.cpu
+                    .as_ref()
+                    .and_then(|m| m.usage_core_nano_seconds.as_ref())
+                    .map(|v| v.value),
+            );
+            c.stop(&id, 0)
+                .await
+                .unwrap_or_else(|e| panic!("{handler}: StopContainer: {e}"));
+            c.remove(&id)
+                .await
+                .unwrap_or_else(|e| panic!("{handler}: RemoveContainer: {e}"));
+            c.remove_pod(&pod).await;
+            for dir in [&scope, &pod_scope] {
+                eventually(&format!("{handler}: {} left after removal", dir.display()), || {
+                    !dir.exists()
+                });
+            }
+            seen.push(CriSeen {
+                memory_max,
+                memory_max_after_update,
+                unit_memory_max_after_update,
+                working_set_nonzero,
+                cpu_nonzero,
+            });
+        }
+        seen
+    });
+    cri.teardown();
+    if systemd_host() {
+        let (runc, ours) = (&seen[0], &seen[1]);
+        assert_eq!(runc.memory_max, "134217728", "{runc:?}");
+        assert_eq!(runc.memory_max_after_update, "100663296", "{runc:?}");
+        assert_eq!(ours, runc);
+    }
+}
