@@ -5,15 +5,15 @@
 //! Two shapes reach a shim, depending on the handler's `runtime_type`:
 //!
 //! - `containerd.runc.v1.Options` (runc's own options message) when the
-//!   type is `io.containerd.runc.v2` (CRI with `runtime_path` set to this
-//!   shim): `systemd_cgroup` is field 9, a bool.
+//!   type is `io.containerd.runc.v2` (a handler that runs this shim
+//!   through `runtime_path`, where containerd honours it):
+//!   `systemd_cgroup` is field 9, a bool.
 //! - `runtimeoptions.v1.Options` for any other type (ours,
 //!   `io.containerd.nri-shim.v2`): `config_path` (field 2) names a TOML
 //!   file, `config_body` (field 3, containerd 1.7+) holds the handler's
-//!   `options` table as TOML; `ctr run --runtime-config-path FILE` sets the
-//!   path. containerd 1.6's CRI sends neither, so there a handler of our
-//!   type cannot pass options: use `runtime_type = "io.containerd.runc.v2"`
-//!   with `runtime_path`.
+//!   `options` table as TOML. containerd 1.6's CRI sends only the path
+//!   (the table's `ConfigPath = FILE` key, as Kata's handlers use it);
+//!   `ctr run --runtime-config-path FILE` sends it too.
 //!
 //! Only `SystemdCgroup` (the systemd cgroup driver) is read; other keys,
 //! and messages of other types, are ignored, as runc's shim ignores what
