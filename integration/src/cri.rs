@@ -175,6 +175,27 @@ pub struct CriSetup<'a> {
     /// The `containerd-shim-nri-shim-v2` binary the `nri-shim` handler runs;
     /// `None`: this workspace's build next to the test binary.
     pub shim_bin: Option<PathBuf>,
+    /// Two more handlers with the systemd cgroup driver: `runc-systemd`
+    /// (`SystemdCgroup = true` in runc's options) and `nri-shim-systemd`
+    /// (our runtime type; containerd 1.6's CRI passes another type's
+    /// `options` only as `ConfigPath`, so they name a file holding
+    /// `SystemdCgroup = true`, as Kata's handlers name theirs).
+    pub systemd_handlers: bool,
+}
+
+/// The CRI config of [`CriSetup::systemd_handlers`], with our handler's
+/// options file written into `dir`.
+fn systemd_handlers(dir: &Path) -> String {
+    let options = dir.join("nri-shim-systemd.toml");
+    std::fs::write(&options, "SystemdCgroup = true\n").unwrap();
+    let r = r#"[plugins."io.containerd.grpc.v1.cri".containerd.runtimes"#;
+    format!(
+        "    {r}.runc-systemd]\n      runtime_type = \"io.containerd.runc.v2\"\n    \
+         {r}.runc-systemd.options]\n      SystemdCgroup = true\n    \
+         {r}.nri-shim-systemd]\n      runtime_type = \"io.containerd.nri-shim.v2\"\n    \
+         {r}.nri-shim-systemd.options]\n      ConfigPath = \"{}\"\n",
+        options.display()
+    )
 }
 
 /// A gRPC channel to containerd's CRI service on the unix socket `path`
@@ -305,7 +326,7 @@ state = "{t}/state"
       runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nri-shim]
       runtime_type = "io.containerd.nri-shim.v2"
-  [plugins."io.containerd.grpc.v1.cri".cni]
+{systemd_handlers}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
@@ -314,6 +335,11 @@ state = "{t}/state"
                 sock = sock.display(),
                 cni_conf = cni_conf.display(),
                 nri_off = containerd_nri_off(),
+                systemd_handlers = if setup.systemd_handlers {
+                    systemd_handlers(&t)
+                } else {
+                    String::new()
+                },
             ),
         )
         .unwrap();

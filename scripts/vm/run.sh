@@ -9,12 +9,15 @@
 # this repository's prebuilt binaries run inside unchanged, and nothing the
 # VM writes reaches the host), a writable 9p share for the command, its
 # output and status, kernel command line `systemd.unified_cgroup_hierarchy=1
-# cgroup_no_v1=all`, scripts/vm/guest.sh as PID 1.
+# cgroup_no_v1=all`, scripts/vm/guest.sh as PID 1 (NRI_VM_INIT=systemd:
+# the host's systemd as PID 1, running guest.sh as its one service; see
+# scripts/vm/initramfs-init).
 #
 # Environment: NRI_VM_TIMEOUT (seconds for the command, default 2400; the
 # VM gets 300 more to boot and power off), NRI_VM_MEM (MiB, default 3072),
 # NRI_VM_CPUS (default 2), NRI_VM_CACHE (default target/vm),
-# NRI_VM_CONSOLE=1 to print the VM's console as it boots.
+# NRI_VM_CONSOLE=1 to print the VM's console as it boots, NRI_VM_INIT
+# (`systemd`, or empty for guest.sh as PID 1).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -22,6 +25,12 @@ cd "$repo"
 [ $# -gt 0 ] || { echo "usage: $0 COMMAND..." >&2; exit 2; }
 timeout=${NRI_VM_TIMEOUT:-2400}
 cache=${NRI_VM_CACHE:-$repo/target/vm}
+init_args=""
+case ${NRI_VM_INIT:-} in
+"") ;;
+systemd) init_args=" nri_vm_init=systemd" ;;
+*) echo "NRI_VM_INIT=${NRI_VM_INIT}: only systemd (or nothing)" >&2; exit 2 ;;
+esac
 
 nri_need_packages busybox-static
 if ! command -v qemu-system-x86_64 >/dev/null; then
@@ -50,7 +59,7 @@ timeout -k 10 $((timeout + 300)) qemu-system-x86_64 \
     -machine pc -accel tcg,thread=multi -cpu max \
     -smp "${NRI_VM_CPUS:-2}" -m "${NRI_VM_MEM:-3072}" \
     -kernel "${img[0]}" -initrd "${img[1]}" \
-    -append "console=ttyS0 quiet loglevel=4 panic=-1 no_timer_check rdinit=/init systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all nri_vm_stage2=$repo/scripts/vm/guest.sh" \
+    -append "console=ttyS0 quiet loglevel=4 panic=-1 no_timer_check rdinit=/init systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all nri_vm_stage2=$repo/scripts/vm/guest.sh$init_args" \
     -serial "file:$res/console.log" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$res,mount_tag=results,security_model=none,multidevs=remap" \

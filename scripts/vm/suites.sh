@@ -7,6 +7,7 @@
 # in all), the main job 300: together within run.sh's 2400.
 set -u
 echo "== cgroup: $(stat -fc %T /sys/fs/cgroup) on $(uname -r), $(nproc) cpus"
+echo "== init: $(cat /proc/1/comm)"
 for arg in "$@"; do
     case $arg in
     main-job)

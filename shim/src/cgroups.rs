@@ -45,8 +45,160 @@ pub const REMOVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(
 
 /// The cgroup of one container.
 pub struct Cgroup {
+    /// The cgroup's path in the hierarchy (a systemd scope's resolved).
     path: PathBuf,
+    /// The cgroup's files (libcgroups' v1 or v2 file-system manager).
     manager: AnyCgroupManager,
+    /// The spec's `slice:prefix:name`, for a container of the systemd
+    /// driver: updates and removal then go through systemd too.
+    systemd: Option<SystemdPath>,
+}
+
+/// A `linux.cgroupsPath` of the systemd driver, `slice:prefix:name`
+/// (runc's form; CRI sends e.g.
+/// `kubepods-besteffort-pod<uid>.slice:cri-containerd:<id>`): the
+/// container is the transient unit `<prefix>-<name>.scope` (or `name`
+/// itself when it is a `.slice`) in `slice` (`system.slice` when empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemdPath {
+    /// The parent slice, e.g. `kubepods-besteffort.slice`.
+    pub slice: String,
+    /// The unit's prefix, e.g. `cri-containerd`.
+    pub prefix: String,
+    /// The unit's name, e.g. the container id.
+    pub name: String,
+}
+
+impl SystemdPath {
+    /// `path` when it has the systemd form: relative, three `:`-separated
+    /// parts, the first empty or a `.slice`. Any other path is a cgroupfs
+    /// path (`None`).
+    pub fn parse(path: &Path) -> Option<SystemdPath> {
+        let text = path.to_str()?;
+        if path.is_absolute() {
+            return None;
+        }
+        let mut parts = text.split(':');
+        let (slice, prefix, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || !(slice.is_empty() || slice.ends_with(".slice")) || name.is_empty() {
+            return None;
+        }
+        Some(SystemdPath {
+            slice: slice.to_string(),
+            prefix: prefix.to_string(),
+            name: name.to_string(),
+        })
+    }
+
+    /// The unit systemd runs the container in.
+    pub fn unit(&self) -> String {
+        if self.name.ends_with(".slice") {
+            self.name.clone()
+        } else {
+            format!("{}-{}.scope", self.prefix, self.name)
+        }
+    }
+
+    /// The unit's cgroup (under systemd's root, `/` for the system
+    /// instance): the slice expanded by systemd's rule, each `-` a level
+    /// (`a-b-c.slice` is `/a.slice/a-b.slice/a-b-c.slice`), then the unit.
+    ///
+    /// # Errors
+    /// [`ShimError::InvalidArgument`] for a slice name systemd refuses
+    /// (an empty component, a `/`).
+    pub fn cgroup(&self) -> Result<PathBuf> {
+        let slice = if self.slice.is_empty() {
+            "system.slice"
+        } else {
+            &self.slice
+        };
+        let bad = || {
+            ShimError::InvalidArgument(format!(
+                "linux.cgroupsPath: {slice:?} is not a valid systemd slice name"
+            ))
+        };
+        let stem = slice
+            .strip_suffix(".slice")
+            .filter(|s| !s.is_empty() && !s.contains('/'))
+            .ok_or_else(bad)?;
+        let mut path = PathBuf::from("/");
+        if stem != "-" {
+            let mut prefix = String::new();
+            for part in stem.split('-') {
+                if part.is_empty() {
+                    return Err(bad());
+                }
+                prefix.push_str(part);
+                path.push(format!("{prefix}.slice"));
+                prefix.push('-');
+            }
+        }
+        path.push(self.unit());
+        Ok(path)
+    }
+}
+
+/// Whether systemd runs this host (`/run/systemd/system`, as runc and
+/// libcgroups test it).
+pub fn systemd_booted() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
+/// The cgroup the container at `cgroups_path` (as in the OCI spec) has in
+/// the hierarchy: a systemd path resolved to its unit's cgroup, any other
+/// as it is.
+///
+/// # Errors
+/// [`SystemdPath::cgroup`]'s.
+pub fn resolve(cgroups_path: &Path) -> Result<PathBuf> {
+    match SystemdPath::parse(cgroups_path) {
+        Some(s) => s.cgroup(),
+        None => Ok(cgroups_path.to_path_buf()),
+    }
+}
+
+/// runc's rules for the cgroup driver of a container, checked before it
+/// is created: with `SystemdCgroup = true` (`systemd`) systemd must run
+/// the host, the hierarchy must be pure cgroup v2 (libcgroups' systemd
+/// driver has no v1 mode; runc's has) and `cgroups_path` must be
+/// `slice:prefix:name`; without it, a `slice:prefix:name` path is refused
+/// (runc's cgroupfs driver makes a directory of that name at the root of
+/// the hierarchy, outside any slice: never what a node wants).
+///
+/// # Errors
+/// [`ShimError::InvalidArgument`] naming the path and the option.
+pub fn check_driver(cgroups_path: Option<&Path>, systemd: bool) -> Result<()> {
+    let shown = cgroups_path.map(|p| p.display().to_string()).unwrap_or_default();
+    let form = cgroups_path.and_then(SystemdPath::parse);
+    if !systemd {
+        return match form {
+            Some(_) => Err(ShimError::InvalidArgument(format!(
+                "linux.cgroupsPath {shown:?} is systemd's slice:prefix:name form, but the runtime options do not set \
+                 SystemdCgroup = true (the cgroupfs driver would make a directory of that name)"
+            ))),
+            None => Ok(()),
+        };
+    }
+    if !systemd_booted() {
+        return Err(ShimError::InvalidArgument(format!(
+            "SystemdCgroup = true in the runtime options, but systemd does not run this host (no /run/systemd/system); \
+             cgroupsPath {shown:?}"
+        )));
+    }
+    let setup = libcgroups::common::get_cgroup_setup()
+        .map_err(|e| ShimError::Runtime(format!("cannot tell the host's cgroup setup: {e}")))?;
+    if !matches!(setup, libcgroups::common::CgroupSetup::Unified) {
+        return Err(ShimError::InvalidArgument(format!(
+            "SystemdCgroup = true in the runtime options needs a pure cgroup v2 host; this one runs cgroup v1 ({setup})"
+        )));
+    }
+    match form {
+        Some(f) => f.cgroup().map(drop),
+        None => Err(ShimError::InvalidArgument(format!(
+            "SystemdCgroup = true in the runtime options needs linux.cgroupsPath of the form slice:prefix:name, \
+             got {shown:?}"
+        ))),
+    }
 }
 
 /// runc's rule: `linux.resources.unified` (cgroup v2 files written as they
@@ -78,21 +230,36 @@ fn err(what: &str, path: &Path, e: impl std::fmt::Display) -> ShimError {
 }
 
 impl Cgroup {
-    /// The cgroup at `cgroups_path` (as in the OCI spec).
+    /// The cgroup at `cgroups_path` (as in the OCI spec): for a systemd
+    /// `slice:prefix:name`, its unit's cgroup (see [`resolve`]), read and
+    /// written as files like any other, updated and removed through
+    /// systemd too.
     ///
     /// # Errors
-    /// When the cgroup setup cannot be detected.
+    /// When the cgroup setup cannot be detected, or a systemd path has an
+    /// invalid slice.
     pub fn open(cgroups_path: &Path, id: &str) -> Result<Cgroup> {
+        let systemd = SystemdPath::parse(cgroups_path);
+        let path = resolve(cgroups_path)?;
         let manager = libcgroups::common::create_cgroup_manager(CgroupConfig {
-            cgroup_path: cgroups_path.to_path_buf(),
+            cgroup_path: path.clone(),
             systemd_cgroup: false,
             container_name: id.to_string(),
         })
-        .map_err(|e| err("open", cgroups_path, e))?;
-        Ok(Cgroup {
-            path: cgroups_path.to_path_buf(),
-            manager,
+        .map_err(|e| err("open", &path, e))?;
+        Ok(Cgroup { path, manager, systemd })
+    }
+
+    /// libcgroups' systemd manager of the unit (a D-Bus connection to
+    /// systemd, its private socket when no bus daemon runs).
+    fn systemd_manager(&self, s: &SystemdPath) -> Result<AnyCgroupManager> {
+        let spec_path = format!("{}:{}:{}", s.slice, s.prefix, s.name);
+        libcgroups::common::create_cgroup_manager(CgroupConfig {
+            cgroup_path: PathBuf::from(&spec_path),
+            systemd_cgroup: true,
+            container_name: s.name.clone(),
         })
+        .map_err(|e| err(&format!("systemd unit {}", s.unit()), &self.path, e))
     }
 
     /// Opens the cgroup of `target` and runs `f` on it on a blocking
@@ -116,20 +283,29 @@ impl Cgroup {
     ///
     /// # Errors
     /// A controller refused a value.
+    ///
+    /// A systemd unit's cgroup is updated as runc's systemd driver does
+    /// it: the unit's properties first (`MemoryMax`, `CPUWeight`, ...:
+    /// systemd writes them and keeps them across a daemon reload), then
+    /// the files themselves.
     pub fn update(&self, resources: &LinuxResources) -> Result<()> {
         check_unified(Some(resources))?;
-        self.manager
-            .apply(&ControllerOpt {
-                resources,
-                disable_oom_killer: resources
-                    .memory()
-                    .as_ref()
-                    .and_then(|m| m.disable_oom_killer())
-                    .unwrap_or(false),
-                oom_score_adj: None,
-                freezer_state: None,
-            })
-            .map_err(|e| err("update", &self.path, e))?;
+        let opt = ControllerOpt {
+            resources,
+            disable_oom_killer: resources
+                .memory()
+                .as_ref()
+                .and_then(|m| m.disable_oom_killer())
+                .unwrap_or(false),
+            oom_score_adj: None,
+            freezer_state: None,
+        };
+        if let Some(s) = &self.systemd {
+            self.systemd_manager(s)?
+                .apply(&opt)
+                .map_err(|e| err(&format!("update systemd unit {}", s.unit()), &self.path, e))?;
+        }
+        self.manager.apply(&opt).map_err(|e| err("update", &self.path, e))?;
         self.apply_runc_v2_rules(resources)
     }
 
@@ -173,8 +349,26 @@ impl Cgroup {
     ///
     /// # Errors
     /// A directory still could not be removed after [`REMOVE_PATIENCE`].
+    ///
+    /// A systemd unit is stopped first (systemd kills what is left and
+    /// removes its cgroup; a scope whose processes all exited is gone
+    /// already); then its cgroup is waited for, and removed here if
+    /// systemd left it.
     pub fn remove(&self) -> Result<()> {
         let deadline = std::time::Instant::now() + REMOVE_PATIENCE;
+        if let Some(s) = &self.systemd
+            && systemd_booted()
+        {
+            let dir = self.v2_dir();
+            if dir.exists() {
+                self.systemd_manager(s)?
+                    .remove()
+                    .map_err(|e| err(&format!("stop systemd unit {}", s.unit()), &self.path, e))?;
+            }
+            while dir.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
         loop {
             match self.manager.remove() {
                 Ok(()) => return Ok(()),
@@ -369,6 +563,72 @@ mod tests {
 
     fn resources(json: serde_json::Value) -> LinuxResources {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn systemd_paths_expand_as_systemd_does() {
+        let cg = |p: &str| SystemdPath::parse(Path::new(p)).map(|s| s.cgroup());
+        assert_eq!(
+            cg("kubepods-besteffort-pod12.slice:cri-containerd:c1")
+                .unwrap()
+                .unwrap(),
+            Path::new(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12.slice/cri-containerd-c1.scope"
+            )
+        );
+        assert_eq!(
+            cg("system.slice:nri:x").unwrap().unwrap(),
+            Path::new("/system.slice/nri-x.scope")
+        );
+        // An empty slice is runc's default, system.slice; `-.slice` the root.
+        assert_eq!(cg(":nri:x").unwrap().unwrap(), Path::new("/system.slice/nri-x.scope"));
+        assert_eq!(cg("-.slice:nri:x").unwrap().unwrap(), Path::new("/nri-x.scope"));
+        // A slice as the name is the unit itself.
+        assert_eq!(
+            cg("a.slice:p:a-b.slice").unwrap().unwrap(),
+            Path::new("/a.slice/a-b.slice")
+        );
+        assert!(cg("a--b.slice:p:x").unwrap().is_err());
+        // cgroupfs paths, absolute or relative, are not systemd's form.
+        for p in [
+            "/default/c1",
+            "default/c1",
+            "a:b",
+            "a.slice:b:c:d",
+            "notaslice:p:n",
+            "a.slice:p:",
+        ] {
+            assert_eq!(SystemdPath::parse(Path::new(p)), None, "{p}");
+        }
+        assert_eq!(resolve(Path::new("/default/c1")).unwrap(), Path::new("/default/c1"));
+    }
+
+    #[test]
+    fn driver_and_path_form_must_agree() {
+        // No systemd option: a systemd-form path is refused, naming it
+        // and the option; a cgroupfs path is fine.
+        let e = check_driver(Some(Path::new("k.slice:cri-containerd:c1")), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("k.slice:cri-containerd:c1") && e.contains("SystemdCgroup"),
+            "{e}"
+        );
+        check_driver(Some(Path::new("/default/c1")), false).unwrap();
+        check_driver(None, false).unwrap();
+        // With it: refused here unless systemd runs this host with a
+        // pure cgroup v2 hierarchy; a cgroupfs path is refused anyway.
+        let e = check_driver(Some(Path::new("/default/c1")), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SystemdCgroup"), "{e}");
+        let host_ok = systemd_booted()
+            && matches!(
+                libcgroups::common::get_cgroup_setup(),
+                Ok(libcgroups::common::CgroupSetup::Unified)
+            );
+        let r = check_driver(Some(Path::new("k.slice:cri-containerd:c1")), true);
+        assert_eq!(r.is_ok(), host_ok, "{r:?}");
     }
 
     #[test]

@@ -182,10 +182,12 @@ pub fn clean_up(record: &TaskRecord, bundle: &Path) -> Vec<CleanupError> {
     problems
 }
 
-/// A path the container owns: not the root cgroup, not a systemd
-/// `slice:prefix:name` (libcontainer's state covers those).
+/// A path the container owns: not the root cgroup; a systemd
+/// `slice:prefix:name` is its scope (see `cgroups::SystemdPath`), any
+/// other path with a `:` is not ours.
 fn own_cgroup(p: &Path) -> bool {
-    p.components().count() > 1 && !p.to_string_lossy().contains(':')
+    crate::cgroups::SystemdPath::parse(p).is_some()
+        || (p.components().count() > 1 && !p.to_string_lossy().contains(':'))
 }
 
 fn kill_cgroup(path: &Path, id: &str) -> Result<(), CleanupError> {
@@ -264,6 +266,10 @@ mod tests {
     fn only_a_containers_own_cgroup_is_emptied() {
         assert!(own_cgroup(Path::new("/default/c1")));
         assert!(!own_cgroup(Path::new("/")));
-        assert!(!own_cgroup(Path::new("system.slice:cri:c1")));
+        // A systemd path is the container's scope (emptied and stopped
+        // when libcontainer's state is unreadable); other `:` paths are
+        // not the container's.
+        assert!(own_cgroup(Path::new("system.slice:cri:c1")));
+        assert!(!own_cgroup(Path::new("a:b")));
     }
 }

@@ -40,6 +40,9 @@ pub enum Request {
         root: PathBuf,
         /// Unix socket to send the pty master to, for a terminal.
         console_socket: Option<PathBuf>,
+        /// libcontainer's systemd cgroup manager (a transient scope).
+        #[serde(default)]
+        systemd_cgroup: bool,
     },
     /// Let a created container's init exec its process.
     Start {
@@ -169,6 +172,7 @@ fn run(req: Request) -> Response {
             bundle,
             root,
             console_socket,
+            systemd_cgroup,
         } => {
             // Held until the container exists: `delete` without a daemon
             // waits for it (see cleanup::CreateLock).
@@ -184,7 +188,12 @@ fn run(req: Request) -> Response {
             }
             let created = builder(&id, &root, &console_socket)
                 .and_then(|b| b.validate_id())
-                .and_then(|b| b.as_init(&bundle).with_systemd(false).with_detach(true).build())
+                .and_then(|b| {
+                    b.as_init(&bundle)
+                        .with_systemd(systemd_cgroup)
+                        .with_detach(true)
+                        .build()
+                })
                 .map(|c| c.pid().map(|p| p.as_raw()));
             // Before start, so the process never runs with libcgroups'
             // values; a failure fails the create (the daemon deletes it).
@@ -453,6 +462,7 @@ mod tests {
             bundle: "/b".into(),
             root: "/r".into(),
             console_socket: None,
+            systemd_cgroup: true,
         };
         let text = serde_json::to_string(&r).unwrap();
         assert!(text.contains(r#""op":"create""#));

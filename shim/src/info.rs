@@ -14,8 +14,10 @@
 //! `mount_setattr(2)`, Linux 5.12) are listed only when the running kernel
 //! has it. Not listed: user and time namespaces and idmapped mounts (not
 //! exercised through this shim), SELinux process labels (libcontainer
-//! applies mount labels only), the systemd cgroup driver (the shim runs
-//! cgroupfs).
+//! applies mount labels only), the systemd cgroup driver of a user
+//! manager (`systemdUser`). The system manager's driver (`systemd`) is
+//! listed as runc lists it, whatever the host: a task asking for it on a
+//! host without systemd or on cgroup v1 is refused at create.
 
 use std::path::Path;
 
@@ -277,7 +279,7 @@ pub fn features(kernel: &Kernel) -> OciFeatures {
             CgroupBuilder::default()
                 .v1(true)
                 .v2(true)
-                .systemd(false)
+                .systemd(true)
                 .systemd_user(false)
                 .build()
                 .expect("cgroup features"),
@@ -434,7 +436,7 @@ mod tests {
         );
         assert_eq!(
             f["linux"]["cgroup"],
-            serde_json::json!({"v1": true, "v2": true, "systemd": false, "systemdUser": false})
+            serde_json::json!({"v1": true, "v2": true, "systemd": true, "systemdUser": false})
         );
         assert_eq!(f["linux"]["mountExtensions"]["idmap"]["enabled"], false);
         assert_eq!(f["linux"]["selinux"]["enabled"], false);

@@ -54,6 +54,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod nri;
 pub mod oom;
+pub mod options;
 pub mod plugin_watch;
 pub mod record;
 pub mod reload;

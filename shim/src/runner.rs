@@ -78,6 +78,9 @@ pub struct CreateRequest<'a> {
     pub bundle: &'a Path,
     /// Unix socket the pty master is sent to, for a terminal.
     pub console_socket: Option<&'a Path>,
+    /// The systemd cgroup driver (runtime option `SystemdCgroup`): the
+    /// spec's `slice:prefix:name` becomes a transient scope.
+    pub systemd_cgroup: bool,
 }
 
 /// The container runtime as the task code sees it.
@@ -187,6 +190,7 @@ impl Runner for HelperRunner {
                 bundle: req.bundle.to_path_buf(),
                 root: self.libcontainer_root(),
                 console_socket: req.console_socket.map(Path::to_path_buf),
+                systemd_cgroup: req.systemd_cgroup,
             },
             stdio,
         )
@@ -291,7 +295,10 @@ impl Runner for HelperRunner {
     }
 
     fn watch_oom(&self, target: Target<'_>) -> Option<Box<dyn OomEvents>> {
-        match crate::oom::OomWatch::open(Path::new(crate::cgroups::CGROUP_ROOT), target.cgroups_path) {
+        let watch = crate::cgroups::resolve(target.cgroups_path)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+            .and_then(|path| crate::oom::OomWatch::open(Path::new(crate::cgroups::CGROUP_ROOT), &path));
+        match watch {
             Ok(w) => Some(Box::new(w)),
             Err(e) => {
                 // The exit still reports an OOM kill; only the early event is lost.

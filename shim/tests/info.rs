@@ -99,12 +99,14 @@ fn info_prints_runtime_info_with_runcs_features_where_libcontainer_has_them() {
     for f in [&runc, &ours] {
         assert!(strings(&f["mountOptions"]).contains(&"rro".to_string()), "{f}");
     }
-    for key in ["v1", "v2"] {
+    for key in ["v1", "v2", "systemd"] {
         assert_eq!(
             ours["linux"]["cgroup"][key], runc["linux"]["cgroup"][key],
             "cgroup {key}"
         );
     }
+    // runc has the systemd driver of a user manager (rootless); we do not.
+    assert_eq!(ours["linux"]["cgroup"]["systemdUser"], false);
     assert_eq!(ours["linux"]["seccomp"]["enabled"], true);
     // Not exercised through this shim: claimed off, so CRI keeps user
     // namespaces off for the handler.

@@ -79,6 +79,7 @@ impl Service {
 
     async fn create_inner(&self, ns: &str, req: &task_api::CreateTaskRequest, undo: &mut Undo) -> Result<Arc<Task>> {
         let id = req.id.as_str();
+        let options = crate::options::RuntimeOptions::parse(req.options.as_ref())?;
         let bundle = Bundle::new(&req.bundle);
         let loaded = bundle.load_spec()?;
         let mut spec = loaded.spec;
@@ -143,11 +144,9 @@ impl Service {
             }
         }
         crate::cgroups::check_unified(spec.linux().as_ref().and_then(|l| l.resources().as_ref()))?;
-        let cgroups_path = spec
-            .linux()
-            .as_ref()
-            .and_then(|l| l.cgroups_path().clone())
-            .unwrap_or_else(|| PathBuf::from(format!("/nri-shim/{ns}/{id}")));
+        let spec_cgroups_path = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
+        crate::cgroups::check_driver(spec_cgroups_path.as_deref(), options.systemd_cgroup)?;
+        let cgroups_path = spec_cgroups_path.unwrap_or_else(|| PathBuf::from(format!("/nri-shim/{ns}/{id}")));
         let stdio = StdioSpec {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -164,6 +163,7 @@ impl Service {
                     id,
                     bundle: bundle.dir(),
                     console_socket: io.console_socket.as_deref(),
+                    systemd_cgroup: options.systemd_cgroup,
                 },
                 fds,
             )

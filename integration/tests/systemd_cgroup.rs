@@ -1,0 +1,428 @@
+//! The systemd cgroup driver (issue 12 item 6) through containerd (`ctr`),
+//! against runc 1.1.5 (containerd's runc shim) on the same input.
+//!
+//! The driver is asked for as containerd passes it: runc's shim gets
+//! `--runc-systemd-cgroup` (runc's `SystemdCgroup` option), ours
+//! `--runtime-config-path` naming a file with `SystemdCgroup = true` (the
+//! options message containerd sends for a runtime of another type); both
+//! get the cgroupsPath CRI's systemd driver sends,
+//! `<pod slice>:cri-containerd:<id>`.
+//!
+//! On a host that systemd runs with a pure cgroup v2 hierarchy (the VM
+//! lane's systemd variant, `scripts/vm/lane.sh`) the containers must run
+//! in their scopes; on any other host (ours: cgroup v1, no systemd) both
+//! runtimes must refuse the option and leave nothing.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use integration::{
+    cgroup,
+    containerd::{Containerd, Setup, output_text as text},
+};
+
+const RUNC: &str = "io.containerd.runc.v2";
+const OURS: &str = "io.containerd.nri-shim.v2";
+/// A pod's slice as kubelet's systemd driver names it, and its cgroup.
+const SLICE: &str = "kubepods-besteffort-pod5d1c0e2a.slice";
+const SLICE_DIR: &str = "/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5d1c0e2a.slice";
+
+fn systemd_host() -> bool {
+    Path::new("/run/systemd/system").is_dir() && cgroup::v2()
+}
+
+/// The ctr flags that give `runtime` the systemd driver and CRI's path.
+fn systemd_flags(c: &Containerd, runtime: &str, id: &str) -> Vec<String> {
+    let path = format!("{SLICE}:cri-containerd:{id}");
+    if runtime == RUNC {
+        vec!["--runc-systemd-cgroup".into(), "--cgroup".into(), path]
+    } else {
+        let file = c.dir.path().join("systemd-options.toml");
+        std::fs::write(&file, "SystemdCgroup = true\n").unwrap();
+        vec![
+            "--runtime-config-path".into(),
+            file.display().to_string(),
+            "--cgroup".into(),
+            path,
+        ]
+    }
+}
+
+fn run(c: &Containerd, runtime: &str, id: &str, flags: &[String], cmd: &[&str]) -> std::process::Output {
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    c.run_with(runtime, id, &flags, cmd)
+}
+
+fn scope(id: &str) -> PathBuf {
+    Path::new(SLICE_DIR).join(format!("cri-containerd-{id}.scope"))
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .trim()
+        .to_string()
+}
+
+/// `systemctl show -p PROPERTY --value UNIT`.
+fn unit_property(unit: &str, property: &str) -> String {
+    let out = std::process::Command::new("systemctl")
+        .args(["show", "-p", property, "--value", unit])
+        .output()
+        .expect("systemctl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// UpdateTaskRequest with `resources_json` to task `id`'s shim, at the
+/// address its shim wrote into the bundle (both shims write one), on task
+/// API v2 (runc's shim of containerd 1.6 serves no other).
+fn update(c: &Containerd, id: &str, resources_json: &str) {
+    use containerd_shim_protos::api;
+    use protobuf::Message;
+    let address = read(&c.bundle(id).join("address"));
+    let req = api::UpdateTaskRequest {
+        id: id.into(),
+        resources: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+            type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
+            value: resources_json.as_bytes().to_vec(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = ttrpc::asynchronous::Client::connect(&address).await.unwrap();
+        let mut ctx = ttrpc::context::with_timeout(20_000_000_000);
+        ctx.add("containerd-namespace-ttrpc".into(), "default".into());
+        let call = ttrpc::proto::Request {
+            service: "containerd.task.v2.Task".into(),
+            method: "Update".into(),
+            timeout_nano: ctx.timeout_nano,
+            metadata: ttrpc::context::to_pb(ctx.metadata),
+            payload: req.write_to_bytes().unwrap(),
+            ..Default::default()
+        };
+        let res = client
+            .request(call)
+            .await
+            .unwrap_or_else(|e| panic!("update {id}: {e:?}"));
+        assert!(
+            res.status.as_ref().is_none_or(|s| s.code() == ttrpc::Code::OK),
+            "update {id}: {:?}",
+            res.status
+        );
+    });
+}
+
+/// Waits up to 10 s for `done`.
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What one runtime did with the systemd driver, for the comparison.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    memory_max: String,
+    unit_memory_max_after_update: String,
+    memory_max_after_update: String,
+    slice: String,
+    pids_in_scope: usize,
+    metrics_limit: u64,
+}
+
+/// With the systemd driver on a systemd cgroup v2 host: the container is
+/// the scope `cri-containerd-<id>.scope` in the pod's slice (expanded as
+/// systemd does), its memory limit is that scope's `memory.max`, an update
+/// lands in the unit's `MemoryMax` and the file, an exec'd process joins
+/// the scope, Task.Pids, Task.Stats and pause read it, and after delete
+/// neither the scope's cgroup nor the unit is left; as with runc.
+fn scopes_match_runc() {
+    let c = Containerd::start(Setup::default());
+    let mut seen = Vec::new();
+    for (runtime, id) in [(RUNC, "sd-runc"), (OURS, "sd-nri")] {
+        let mut flags = systemd_flags(&c, runtime, id);
+        flags.extend(["--memory-limit".into(), "134217728".into(), "-d".into()]);
+        let out = run(&c, runtime, id, &flags, &["/bin/sleep", "300"]);
+        assert!(out.status.success(), "{runtime}: {}\n{}", text(&out), c.shim_log());
+        c.wait_status(id, "RUNNING");
+        let dir = scope(id);
+        let unit = format!("cri-containerd-{id}.scope");
+        assert!(dir.is_dir(), "{runtime}: no scope cgroup {}", dir.display());
+        assert_eq!(unit_property(&unit, "ActiveState"), "active", "{runtime}: {unit}");
+        let slice = unit_property(&unit, "Slice");
+        assert_eq!(slice, SLICE, "{runtime}: {unit}");
+        let memory_max = read(&dir.join("memory.max"));
+        update(&c, id, r#"{"memory": {"limit": 100663296}}"#);
+        let memory_max_after_update = read(&dir.join("memory.max"));
+        let unit_memory_max_after_update = unit_property(&unit, "MemoryMax");
+        // An exec'd process joins the scope; Task.Pids lists both.
+        let fifo = c.dir.path().join("fifo").display().to_string();
+        let out = c.ctr(&[
+            "t",
+            "exec",
+            "--fifo-dir",
+            &fifo,
+            "-d",
+            "--exec-id",
+            "e1",
+            id,
+            "/bin/sleep",
+            "300",
+        ]);
+        assert!(out.status.success(), "{runtime}: exec: {}", text(&out));
+        let pids_in_scope = read(&dir.join("cgroup.procs")).lines().count();
+        let ps = text(&c.ctr(&["t", "ps", id]));
+        assert_eq!(ps.lines().skip(1).count(), 2, "{runtime}: ctr t ps: {ps}");
+        let metrics = c.ctr(&["t", "metrics", "--format", "json", id]);
+        assert!(metrics.status.success(), "{runtime}: metrics: {}", text(&metrics));
+        let m: serde_json::Value = serde_json::from_slice(&metrics.stdout).expect("metrics json");
+        assert!(m["memory"]["usage"].as_u64().unwrap_or(0) > 0, "{runtime}: {m}");
+        assert_eq!(m["pids"]["current"].as_u64(), Some(2), "{runtime}: {m}");
+        // Pause freezes the scope.
+        assert!(c.ctr(&["t", "pause", id]).status.success(), "{runtime}: pause");
+        assert!(
+            read(&dir.join("cgroup.events")).contains("frozen 1"),
+            "{runtime}: not frozen"
+        );
+        assert!(c.ctr(&["t", "resume", id]).status.success(), "{runtime}: resume");
+        assert!(c.ctr(&["t", "kill", "-a", "-s", "SIGKILL", id]).status.success());
+        c.wait_status(id, "STOPPED");
+        let rm = c.ctr(&["t", "rm", id]);
+        assert!(rm.status.success(), "{runtime}: rm: {}", text(&rm));
+        eventually(
+            &format!("{runtime}: scope cgroup {} left after delete", dir.display()),
+            || !dir.exists(),
+        );
+        eventually(&format!("{runtime}: unit {unit} left after delete"), || {
+            matches!(unit_property(&unit, "LoadState").as_str(), "not-found" | "")
+                || unit_property(&unit, "ActiveState") == "inactive"
+        });
+        seen.push(Seen {
+            memory_max,
+            unit_memory_max_after_update,
+            memory_max_after_update,
+            slice,
+            pids_in_scope,
+            metrics_limit: m["memory"]["usage_limit"].as_u64().unwrap_or(0),
+        });
+    }
+    assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+    let (runc, ours) = (&seen[0], &seen[1]);
+    assert_eq!(runc.memory_max, "134217728", "{runc:?}");
+    assert_eq!(runc.memory_max_after_update, "100663296", "{runc:?}");
+    assert_eq!(runc.pids_in_scope, 2, "{runc:?}");
+    assert_eq!(ours, runc);
+}
+
+/// On a host without systemd (or with cgroup v1) the driver cannot be had:
+/// runc fails the create naming systemd, we name the option too, and
+/// neither leaves a task, a container state or a cgroup.
+fn refused_without_systemd() {
+    let c = Containerd::start(Setup::default());
+    for (runtime, id) in [(RUNC, "sd-no-runc"), (OURS, "sd-no-nri")] {
+        let flags = systemd_flags(&c, runtime, id);
+        let out = run(&c, runtime, id, &flags, &["/bin/true"]);
+        let msg = text(&out);
+        assert!(!out.status.success(), "{runtime}: ran without systemd: {msg}");
+        assert!(msg.contains("systemd"), "{runtime}: {msg}");
+        if runtime == OURS {
+            assert!(msg.contains("SystemdCgroup"), "{msg}");
+        }
+        assert!(!text(&c.ctr(&["t", "ls", "-q"])).contains(id), "{runtime}: task left");
+        let path = format!("/{SLICE}:cri-containerd:{id}");
+        assert_eq!(cgroup::dirs(&path), Vec::<PathBuf>::new(), "{runtime}");
+        assert_eq!(cgroup::dirs("/kubepods.slice"), Vec::<PathBuf>::new(), "{runtime}");
+    }
+    assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+}
+
+/// `SystemdCgroup = true` on this host: scopes as runc makes them when
+/// systemd runs it on cgroup v2 (`scopes_match_runc`), else a refusal
+/// that leaves nothing, as runc's (`refused_without_systemd`).
+#[test]
+fn systemd_cgroup_option_on_this_host_matches_runc() {
+    if systemd_host() {
+        scopes_match_runc()
+    } else {
+        refused_without_systemd()
+    }
+}
+
+/// A `slice:prefix:name` cgroupsPath without `SystemdCgroup`: runc's
+/// cgroupfs driver takes it for a relative directory name and runs the
+/// container in a cgroup literally named so, outside any slice; we refuse
+/// it, naming the path and the option, and leave nothing.
+#[test]
+fn systemd_path_without_the_option_is_refused() {
+    let c = Containerd::start(Setup::default());
+    let path = |id: &str| format!("{SLICE}:cri-containerd:{id}");
+    let (id, runc_id) = ("sd-path-nri", "sd-path-runc");
+    let out = run(&c, OURS, id, &["--cgroup".into(), path(id)], &["/bin/true"]);
+    let msg = text(&out);
+    assert!(!out.status.success(), "ran: {msg}");
+    assert!(msg.contains(&path(id)) && msg.contains("SystemdCgroup"), "{msg}");
+    assert!(!text(&c.ctr(&["t", "ls", "-q"])).contains(id), "task left");
+    assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+    assert_eq!(cgroup::dirs(&format!("/{}", path(id))), Vec::<PathBuf>::new());
+    // runc: the container runs (where its cgroup went is runc's business).
+    let out = run(&c, RUNC, runc_id, &["--cgroup".into(), path(runc_id)], &["/bin/true"]);
+    assert!(out.status.success(), "runc refused: {}", text(&out));
+}
+
+/// What one CRI handler did with the systemd driver, for the comparison.
+#[derive(Debug, PartialEq)]
+struct CriSeen {
+    memory_max: String,
+    memory_max_after_update: String,
+    unit_memory_max_after_update: String,
+    working_set_nonzero: bool,
+    cpu_nonzero: bool,
+}
+
+/// Through CRI with the systemd driver, as kubelet's systemd driver uses
+/// it: a pod whose `cgroup_parent` is its slice
+/// (`kubepods-besteffort-pod<uid>.slice`); containerd's CRI then sends
+/// `<slice>:cri-containerd:<id>` for the sandbox and each container. On a
+/// systemd cgroup v2 host the sandbox and the container are scopes in the
+/// slice, the container's memory limit and its UpdateContainerResources
+/// land in its scope (file and unit property), ContainerStats reads it,
+/// and removing the container and the pod leaves no scope; as with runc.
+/// Elsewhere both handlers fail RunPodSandbox naming systemd, leaving no
+/// cgroup.
+#[test]
+fn cri_systemd_driver_matches_runc() {
+    use integration::cri::{Cri, CriSetup, api, container};
+    let cri = Cri::start(CriSetup {
+        systemd_handlers: true,
+        ..Default::default()
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = rt.block_on(async {
+        let mut c = cri.client().await;
+        let mut seen = Vec::new();
+        for (handler, uid) in [("runc-systemd", "7a11"), ("nri-shim-systemd", "7b22")] {
+            let slice = format!("kubepods-besteffort-pod{uid}.slice");
+            let slice_dir = Path::new("/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice").join(&slice);
+            let cfg = cri.pod_config("sd", "default", handler, |p| {
+                let l = p.linux.as_mut().unwrap();
+                l.cgroup_parent = slice.clone();
+                let ns = l.security_context.as_mut().unwrap().namespace_options.as_mut().unwrap();
+                ns.network = api::NamespaceMode::Node as i32;
+                // The host's UTS namespace with the host's network.
+                p.hostname.clear();
+            });
+            if !systemd_host() {
+                let r =
+                    c.rt.run_pod_sandbox(api::RunPodSandboxRequest {
+                        config: Some(cfg.clone()),
+                        runtime_handler: handler.into(),
+                    })
+                    .await;
+                let e = r.expect_err(&format!("{handler}: RunPodSandbox without systemd"));
+                assert!(e.message().contains("systemd"), "{handler}: {e}");
+                if handler == "nri-shim-systemd" {
+                    assert!(e.message().contains("SystemdCgroup"), "not our shim's refusal: {e}");
+                }
+                assert_eq!(cgroup::dirs("/kubepods.slice"), Vec::<PathBuf>::new(), "{handler}");
+                continue;
+            }
+            let pod = c.run_pod(&cfg, handler).await;
+            let pod_scope = slice_dir.join(format!("cri-containerd-{pod}.scope"));
+            assert!(
+                pod_scope.is_dir(),
+                "{handler}: no sandbox scope {}",
+                pod_scope.display()
+            );
+            let mut cc = container("app", &["sleep", "300"]);
+            cc.linux.as_mut().unwrap().resources = Some(api::LinuxContainerResources {
+                memory_limit_in_bytes: 134217728,
+                ..Default::default()
+            });
+            let id = c.create_running(&pod, &cfg, cc, Duration::from_secs(60)).await;
+            // The handler's shim runs it: ours keeps libcontainer state.
+            let ours = std::fs::read_dir(&cri.shim_state)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|d| d.path().join("containers").join(&id).exists());
+            assert_eq!(ours, handler == "nri-shim-systemd", "{handler}: run by the wrong shim");
+            let unit = format!("cri-containerd-{id}.scope");
+            let scope = slice_dir.join(&unit);
+            assert!(scope.is_dir(), "{handler}: no container scope {}", scope.display());
+            let memory_max = read(&scope.join("memory.max"));
+            c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+                container_id: id.clone(),
+                linux: Some(api::LinuxContainerResources {
+                    memory_limit_in_bytes: 100663296,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{handler}: UpdateContainerResources: {e}"));
+            let memory_max_after_update = read(&scope.join("memory.max"));
+            let unit_memory_max_after_update = unit_property(&unit, "MemoryMax");
+            let s =
+                c.rt.container_stats(api::ContainerStatsRequest {
+                    container_id: id.clone(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{handler}: ContainerStats: {e}"))
+                .into_inner()
+                .stats
+                .expect("stats");
+            let nonzero = |v: Option<u64>| v.unwrap_or(0) > 0;
+            let working_set_nonzero = nonzero(
+                s.memory
+                    .as_ref()
+                    .and_then(|m| m.working_set_bytes.as_ref())
+                    .map(|v| v.value),
+            );
+            let cpu_nonzero = nonzero(
+                s.cpu
+                    .as_ref()
+                    .and_then(|m| m.usage_core_nano_seconds.as_ref())
+                    .map(|v| v.value),
+            );
+            c.stop(&id, 0)
+                .await
+                .unwrap_or_else(|e| panic!("{handler}: StopContainer: {e}"));
+            c.remove(&id)
+                .await
+                .unwrap_or_else(|e| panic!("{handler}: RemoveContainer: {e}"));
+            c.remove_pod(&pod).await;
+            for dir in [&scope, &pod_scope] {
+                eventually(&format!("{handler}: {} left after removal", dir.display()), || {
+                    !dir.exists()
+                });
+            }
+            seen.push(CriSeen {
+                memory_max,
+                memory_max_after_update,
+                unit_memory_max_after_update,
+                working_set_nonzero,
+                cpu_nonzero,
+            });
+        }
+        seen
+    });
+    cri.teardown();
+    if systemd_host() {
+        let (runc, ours) = (&seen[0], &seen[1]);
+        assert_eq!(runc.memory_max, "134217728", "{runc:?}");
+        assert_eq!(runc.memory_max_after_update, "100663296", "{runc:?}");
+        assert_eq!(ours, runc);
+    }
+}
