@@ -21,7 +21,6 @@ cd "$(dirname "$0")/../.."
 # reported, not counted. SUITE::TEST, then the issue's item. Remove an
 # entry when its fix lands (the lane says when one passes).
 KNOWN_V2_DIVERGENCES=(
-    "lifecycle::delete_removes_a_cgroup_whose_processes_are_slow_to_leave|issue 12 item 2: the test's frozen straggler dies of SIGKILL at once on v2 (cgroup.kill), the delete removes the cgroup before the test's thaw 600 ms on, and the thaw panics on the missing cgroup.freeze; fails so on this branch's base too"
     "lifecycle::r27_failed_create_is_fast_and_leaves_nothing|issue 12 item 2: intermittent (1 run in 3): the v2-aware leak check found the v2 cgroup of a failed create (missing binary) left behind, the suite running in parallel in the VM; it passes alone"
 )
 
