@@ -554,6 +554,7 @@ async fn a_cri_pod_goes_on_across_an_upgrade() {
     let cri = Cri::start(CriSetup {
         plugins: vec![("10-adjuster", workspace_bin("nri-adjuster"), rule)],
         shim_bin: Some(binary.clone()),
+        ..Default::default()
     });
     let mut c = cri.client().await;
     let cfg = cri.pod_config("upg", NRI_NAMESPACE, "nri-shim", |_| {});
