@@ -95,9 +95,12 @@ fn update(c: &Containerd, id: &str, resources_json: &str) {
         .enable_all()
         .build()
         .unwrap();
+    let started = Instant::now();
     rt.block_on(async {
         let client = ttrpc::asynchronous::Client::connect(&address).await.unwrap();
-        let mut ctx = ttrpc::context::with_timeout(20_000_000_000);
+        // Generous: under qemu TCG systemd once took over 20 s to answer
+        // (both shims wait on it); a hang still fails.
+        let mut ctx = ttrpc::context::with_timeout(60_000_000_000);
         ctx.add("containerd-namespace-ttrpc".into(), "default".into());
         let call = ttrpc::proto::Request {
             service: "containerd.task.v2.Task".into(),
@@ -107,10 +110,14 @@ fn update(c: &Containerd, id: &str, resources_json: &str) {
             payload: req.write_to_bytes().unwrap(),
             ..Default::default()
         };
-        let res = client
-            .request(call)
-            .await
-            .unwrap_or_else(|e| panic!("update {id}: {e:?}"));
+        let res = client.request(call).await.unwrap_or_else(|e| {
+            panic!(
+                "update {id} after {:?}: {e:?}\nshim log:\n{}",
+                started.elapsed(),
+                c.shim_log()
+            )
+        });
+        eprintln!("update {id}: {:?}", started.elapsed());
         assert!(
             res.status.as_ref().is_none_or(|s| s.code() == ttrpc::Code::OK),
             "update {id}: {:?}",
