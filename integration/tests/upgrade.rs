@@ -51,6 +51,19 @@ fn install(path: &Path, content: &[u8], mode: u32) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// This workspace's shim installed again at `binary`, then an upgrade,
+/// which must succeed.
+fn reinstall_and_upgrade(c: &Containerd, binary: &Path) {
+    install(binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
+    let out = upgrade(c, binary);
+    assert!(
+        out.status.success(),
+        "upgrade: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+}
+
 /// `<binary> upgrade` as an operator runs it (the config names the state root).
 fn upgrade(c: &Containerd, binary: &Path) -> Output {
     std::process::Command::new(binary)
@@ -444,14 +457,7 @@ fn a_terminal_containers_output_goes_on_across_an_upgrade() {
     let (before, got_before) = lines_for(Duration::from_secs(1));
     assert!(!before.is_empty(), "no output before the upgrade");
     assert_eq!(got_before, ["got before"], "input before the upgrade");
-    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
-    let out = upgrade(&c, &binary);
-    assert!(
-        out.status.success(),
-        "upgrade: {}\nshim log:\n{}",
-        text(&out),
-        tail(&c.shim_log(), 40)
-    );
+    reinstall_and_upgrade(&c, &binary);
     stdin.write_all(b"after\n").unwrap();
     let (after, got_after) = lines_for(Duration::from_secs(2));
     assert!(after.len() >= 10, "output after the upgrade: {after:?}");
@@ -514,14 +520,7 @@ fn a_containers_stdin_goes_on_across_an_upgrade() {
     use std::io::Write as _;
     stdin.write_all(b"before\n").unwrap();
     assert_eq!(next_line("got before"), "got before");
-    install(&binary, &std::fs::read(workspace_bin(SHIM)).unwrap(), 0o755);
-    let out = upgrade(&c, &binary);
-    assert!(
-        out.status.success(),
-        "upgrade: {}\nshim log:\n{}",
-        text(&out),
-        tail(&c.shim_log(), 40)
-    );
+    reinstall_and_upgrade(&c, &binary);
     stdin.write_all(b"after\n").unwrap();
     assert_eq!(next_line("got after"), "got after");
     // (Before ctr's own task delete, which disconnects.)

@@ -706,10 +706,9 @@ mod tests {
         assert_eq!(rest.await.unwrap().unwrap(), b"");
     }
 
-    /// A writer that closes the stdin fifo gives the process end of file,
-    /// without CloseIO; one that connects only later still gets through.
-    #[tokio::test]
-    async fn the_last_writer_closing_stdin_is_end_of_file() {
+    /// A process's stdio with only a stdin fifo, prepared: (its temp dir,
+    /// the fifo, the ProcessIo, the process's end of the stdin pipe).
+    fn stdin_fifo_io() -> (tempfile::TempDir, PathBuf, ProcessIo, OwnedFd) {
         let d = tempfile::tempdir().unwrap();
         let i = d.path().join("in");
         nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
@@ -719,6 +718,14 @@ mod tests {
         };
         let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
         let [stdin, _, _] = io.take_fds().unwrap();
+        (d, i, io, stdin)
+    }
+
+    /// A writer that closes the stdin fifo gives the process end of file,
+    /// without CloseIO; one that connects only later still gets through.
+    #[tokio::test]
+    async fn the_last_writer_closing_stdin_is_end_of_file() {
+        let (_d, i, io, stdin) = stdin_fifo_io();
         let reader = tokio::task::spawn_blocking(move || {
             let mut all = Vec::new();
             File::from(stdin).read_to_end(&mut all).map(|_| all)
@@ -744,15 +751,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_process_io_ends_the_stdin_copier() {
-        let d = tempfile::tempdir().unwrap();
-        let i = d.path().join("in");
-        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        let spec = StdioSpec {
-            stdin: i.to_string_lossy().into(),
-            ..Default::default()
-        };
-        let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
-        let [stdin, _, _] = io.take_fds().unwrap();
+        let (_d, _i, io, stdin) = stdin_fifo_io();
         drop(io);
         // The copier dropped the pipe's write end: the reader sees EOF
         // instead of blocking forever.
@@ -768,15 +767,7 @@ mod tests {
     /// the task the exec ends), and unparked, the copy goes on.
     #[tokio::test]
     async fn a_parked_stdin_copier_leaves_input_in_the_fifo() {
-        let d = tempfile::tempdir().unwrap();
-        let i = d.path().join("in");
-        nix::unistd::mkfifo(&i, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        let spec = StdioSpec {
-            stdin: i.to_string_lossy().into(),
-            ..Default::default()
-        };
-        let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
-        let [stdin, _, _] = io.take_fds().unwrap();
+        let (_d, i, io, stdin) = stdin_fifo_io();
         let stdin = tokio::net::unix::pipe::Receiver::from_owned_fd(stdin).unwrap();
         let mut client = OpenOptions::new().write(true).open(&i).unwrap();
         let read_some = |n: usize| {
