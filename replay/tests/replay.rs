@@ -33,6 +33,32 @@ fn lines(out: &Output) -> Vec<Value> {
         .collect()
 }
 
+/// A temp dir with empty `plugins` and `conf.d` directories: (dir,
+/// plugins, conf.d).
+fn plugin_dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, conf) = (dir.path().join("plugins"), dir.path().join("conf.d"));
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    (dir, plugins, conf)
+}
+
+/// nri-replay of `scenarios/basic.json` with the pre-installed plugins of
+/// [`plugin_dirs`]'s `dir` and `extra` arguments.
+fn replay_basic(dir: &Path, extra: &[&str]) -> Output {
+    Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.join("nri.sock"))
+        .arg("--plugin-path")
+        .arg(dir.join("plugins"))
+        .arg("--plugin-config-path")
+        .arg(dir.join("conf.d"))
+        .args(extra)
+        .arg(testdata("scenarios/basic.json"))
+        .output()
+        .unwrap()
+}
+
 /// Runs nri-replay on `scenario` and starts `plugins` (idx, name, config)
 /// once its socket exists.
 fn replay_with_external(scenario: &Path, plugins: &[(&str, &str, &str)]) -> Output {
@@ -116,11 +142,7 @@ fn conflict_is_a_failed_step_naming_both_plugins_and_the_field() {
 
 #[test]
 fn preinstalled_plugin_adjusts_the_spec_and_every_step_succeeds() {
-    let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("plugins");
-    let conf = dir.path().join("conf.d");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::create_dir_all(&conf).unwrap();
+    let (dir, plugins, conf) = plugin_dirs();
     std::fs::copy(test_plugin(), plugins.join("10-adjuster")).unwrap();
     std::fs::write(
         conf.join("adjuster.conf"),
@@ -131,17 +153,7 @@ fn preinstalled_plugin_adjusts_the_spec_and_every_step_succeeds() {
                        "linux": {"resources": {"memory": {"limit": {"value": "134217728"}}}}}}"#,
     )
     .unwrap();
-    let out = Command::new(REPLAY)
-        .arg("--socket-path")
-        .arg(dir.path().join("nri.sock"))
-        .arg("--plugin-path")
-        .arg(&plugins)
-        .arg("--plugin-config-path")
-        .arg(&conf)
-        .args(["--wait-plugins", "1"])
-        .arg(testdata("scenarios/basic.json"))
-        .output()
-        .unwrap();
+    let out = replay_basic(dir.path(), &["--wait-plugins", "1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         out.status.code(),
@@ -350,23 +362,10 @@ fn the_template_plugin_adjusts_under_nri_replay() {
         "{} is missing: cargo test --workspace builds it",
         template.display()
     );
-    let dir = tempfile::tempdir().unwrap();
-    let (plugins, conf) = (dir.path().join("plugins"), dir.path().join("conf.d"));
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::create_dir_all(&conf).unwrap();
+    let (dir, plugins, conf) = plugin_dirs();
     std::fs::copy(&template, plugins.join("50-template")).unwrap();
     std::fs::write(conf.join("50-template.conf"), "GREETING=hello\n").unwrap();
-    let out = Command::new(REPLAY)
-        .arg("--socket-path")
-        .arg(dir.path().join("nri.sock"))
-        .arg("--plugin-path")
-        .arg(&plugins)
-        .arg("--plugin-config-path")
-        .arg(&conf)
-        .args(["--wait-plugins", "1"])
-        .arg(testdata("scenarios/basic.json"))
-        .output()
-        .unwrap();
+    let out = replay_basic(dir.path(), &["--wait-plugins", "1"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let l = lines(&out);
     let create = l
@@ -387,21 +386,9 @@ fn the_template_plugin_adjusts_under_nri_replay() {
 /// a file in the plugin directory that is not an executable.
 #[test]
 fn log_lines_off_a_terminal_have_no_colour_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let (plugins, conf) = (dir.path().join("plugins"), dir.path().join("conf.d"));
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::create_dir_all(&conf).unwrap();
+    let (dir, plugins, _conf) = plugin_dirs();
     std::fs::write(plugins.join("README"), "not a plugin\n").unwrap();
-    let out = Command::new(REPLAY)
-        .arg("--socket-path")
-        .arg(dir.path().join("nri.sock"))
-        .arg("--plugin-path")
-        .arg(&plugins)
-        .arg("--plugin-config-path")
-        .arg(&conf)
-        .arg(testdata("scenarios/basic.json"))
-        .output()
-        .unwrap();
+    let out = replay_basic(dir.path(), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
