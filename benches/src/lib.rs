@@ -53,7 +53,17 @@ pub fn bench_request() -> api::CreateContainerRequest {
             ..Default::default()
         });
     }
-    let res = linux.resources.mut_or_insert_default();
+    container_resources(linux.resources.mut_or_insert_default(), 100_000, None);
+    api::CreateContainerRequest {
+        pod: MessageField::some(pod),
+        container: MessageField::some(c),
+        ..Default::default()
+    }
+}
+
+/// A Kubernetes container's resources: 512 MiB memory limit, 512 CPU
+/// shares, `quota` µs per `period` µs (the period left unset with `None`).
+pub fn container_resources(res: &mut api::LinuxResources, quota: i64, period: Option<u64>) {
     res.memory.mut_or_insert_default().limit = MessageField::some(api::OptionalInt64 {
         value: 512 << 20,
         ..Default::default()
@@ -64,13 +74,14 @@ pub fn bench_request() -> api::CreateContainerRequest {
         ..Default::default()
     });
     cpu.quota = MessageField::some(api::OptionalInt64 {
-        value: 100_000,
+        value: quota,
         ..Default::default()
     });
-    api::CreateContainerRequest {
-        pod: MessageField::some(pod),
-        container: MessageField::some(c),
-        ..Default::default()
+    if let Some(period) = period {
+        cpu.period = MessageField::some(api::OptionalUInt64 {
+            value: period,
+            ..Default::default()
+        });
     }
 }
 

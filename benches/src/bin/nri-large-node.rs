@@ -29,7 +29,7 @@ use std::{
 };
 
 use nri_adaptation::{Adaptation, Observer, Outcome, Rejection, RuntimeState, api};
-use nri_benches::{Procs, bench_request, spawn_plugins};
+use nri_benches::{Procs, bench_request, container_resources, spawn_plugins};
 use protobuf::{Message, MessageField};
 
 const PODS: usize = 250;
@@ -154,24 +154,7 @@ fn container(i: usize, pod: &api::PodSandbox) -> api::Container {
         });
     }
     linux.cgroups_path = format!("{}/{}", pod.linux.cgroups_path, c.id);
-    let res = linux.resources.mut_or_insert_default();
-    res.memory.mut_or_insert_default().limit = MessageField::some(api::OptionalInt64 {
-        value: 512 << 20,
-        ..Default::default()
-    });
-    let cpu = res.cpu.mut_or_insert_default();
-    cpu.shares = MessageField::some(api::OptionalUInt64 {
-        value: 512,
-        ..Default::default()
-    });
-    cpu.quota = MessageField::some(api::OptionalInt64 {
-        value: 50_000,
-        ..Default::default()
-    });
-    cpu.period = MessageField::some(api::OptionalUInt64 {
-        value: 100_000,
-        ..Default::default()
-    });
+    container_resources(linux.resources.mut_or_insert_default(), 50_000, Some(100_000));
     c
 }
 
