@@ -10,6 +10,13 @@
 #
 #   scripts/fuzz.sh [SECONDS]
 #   FUZZ_TARGETS="mux_frames merge" scripts/fuzz.sh 3600
+#   FUZZ_BUDGET=cpu scripts/fuzz.sh 3600
+#
+# FUZZ_BUDGET=cpu counts SECONDS as the fuzzer's own CPU time (user plus
+# system, read from /proc) instead of wall time, so that a long run on a
+# machine that is busy with other work still gets its whole time: the
+# fuzzer is interrupted (SIGINT, after which libFuzzer prints its final
+# stats) once its CPU time reaches SECONDS.
 #
 # Stable toolchain: cargo-fuzz with `--sanitizer none` passes only stable
 # rustc flags (sanitizer coverage through -Cpasses/-Cllvm-args); it is
@@ -19,6 +26,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
 
 seconds=${1:-60}
+budget=${FUZZ_BUDGET:-wall}
+case $budget in wall | cpu) ;; *) echo "FUZZ_BUDGET must be wall or cpu, not '$budget'" >&2; exit 2 ;; esac
 targets=(${FUZZ_TARGETS:-mux_frames nri_messages merge adjust shim_config adjuster_config})
 timeout=${FUZZ_TIMEOUT:-10}
 rss_mb=${FUZZ_RSS_MB:-2048}
@@ -52,6 +61,17 @@ max_len() {
     esac
 }
 
+# User plus system CPU time of a process, in clock ticks (fields 14 and
+# 15 of /proc/PID/stat, counted after the command name's closing paren).
+ticks=$(getconf CLK_TCK)
+cpu_ticks() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+    stat=${stat##*) }
+    set -- $stat
+    echo $((${12} + ${13}))
+}
+
 failed=0
 summary=()
 for t in "${targets[@]}"; do
@@ -63,15 +83,37 @@ for t in "${targets[@]}"; do
     echo "== fuzz $t for ${seconds}s" >&2
     set +e
     # New inputs go to the first corpus directory (a scratch copy); the
-    # seeds in the repository are only read.
-    "$bin/$t" -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb="$rss_mb" \
+    # seeds in the repository are only read. Under a CPU budget the wall
+    # limit is only a backstop.
+    wall_limit=$seconds
+    [ "$budget" = cpu ] && wall_limit=$((seconds * 20))
+    start=$(date +%s)
+    "$bin/$t" -max_total_time="$wall_limit" -timeout="$timeout" -rss_limit_mb="$rss_mb" \
         -max_len="$(max_len "$t")" -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
-        "$work/corpus" "fuzz/corpus/$t" >"$log" 2>&1
+        "$work/corpus" "fuzz/corpus/$t" >"$log" 2>&1 &
+    pid=$!
+    interrupted=0
+    cpu=
+    if [ "$budget" = cpu ]; then
+        while kill -0 "$pid" 2>/dev/null; do
+            used=$(cpu_ticks "$pid")
+            [ "$used" -gt 0 ] && cpu=$((used / ticks))
+            if [ "$used" -ge $((seconds * ticks)) ]; then
+                interrupted=1
+                kill -INT "$pid"
+                break
+            fi
+            sleep 2
+        done
+    fi
+    wait "$pid"
     rc=$?
     set -e
+    # libFuzzer exits 72 when interrupted: that is our own stop here.
+    [ "$interrupted" = 1 ] && [ "$rc" -eq 72 ] && rc=0
+    secs=$(($(date +%s) - start))
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)
-    secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)
     findings=$(find "$work/artifacts" -type f | wc -l)
     if [ "$rc" -eq 0 ] && [ "$findings" -eq 0 ]; then
         result=ok
@@ -80,9 +122,11 @@ for t in "${targets[@]}"; do
         failed=1
         grep -E -A30 '^(thread .* panicked|==[0-9]+== ERROR|ALARM|SUMMARY)' "$log" | head -60 >&2 || tail -40 "$log" >&2
     fi
-    summary+=("$(printf '%-16s %10s execs in %5ss, peak RSS %5s MB, corpus %4s inputs: %s' \
-        "$t" "${execs:-?}" "${secs:-?}" "${rss:-?}" "$(find "$work/corpus" "fuzz/corpus/$t" -type f | wc -l)" "$result")")
+    secs="$secs s"
+    [ "$budget" = cpu ] && secs="$secs wall, ${cpu:-?} s CPU"
+    summary+=("$(printf '%-16s %10s execs in %s, peak RSS %5s MB, corpus %4s inputs: %s' \
+        "$t" "${execs:-?}" "$secs" "${rss:-?}" "$(find "$work/corpus" "fuzz/corpus/$t" -type f | wc -l)" "$result")")
 done
-echo "== fuzz summary (${seconds}s per target, timeout ${timeout}s, RSS limit ${rss_mb} MB)"
+echo "== fuzz summary (${seconds}s of $budget time per target, timeout ${timeout}s, RSS limit ${rss_mb} MB)"
 printf '%s\n' "${summary[@]}"
 exit "$failed"
