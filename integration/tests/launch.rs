@@ -151,7 +151,10 @@ async fn r10_preinstalled_plugin_with_failing_sync_is_dropped() {
         .into_iter()
         .filter(|l| l.plugin == "06-bad")
         .map(|l| l.event)
-        .filter(|e| e != "Exit")
+        // How the dropped plugin's stub ends (Exit, or StartFailed when the
+        // drop comes while its start still waits for Synchronize) is a race
+        // of its own; only events dispatched to it count.
+        .filter(|e| e != "Exit" && e != "StartFailed")
         .collect();
     assert_eq!(bad, ["Configure", "Synchronize"], "06-bad got no events");
     rt.nri.stop().await;
