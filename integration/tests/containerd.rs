@@ -768,7 +768,7 @@ fn metrics_match_runc_on_cgroup_v2() {
         "cpu.system_usec",
         "memory.anon",
         "memory.file",
-        "memory.shmem",
+        "memory.inactive_file",
         "memory.kernel_stack",
         "memory.slab",
         "memory.pgfault",
@@ -810,16 +810,24 @@ fn metrics_match_runc_on_cgroup_v2() {
     within("cpu.usage_usec", 5.0);
     within("cpu.user_usec", 5.0);
     // CRI's working set (what kubelet evicts on): the usage less the
-    // inactive page cache, within 25% of runc's (0.4% apart in the VM).
-    // The VM's files live in tmpfs, so there the 16 MiB file is `shmem`,
-    // not inactive file cache: the subtraction itself is pinned by the
-    // unit test of shim/src/cgroupv2.rs.
+    // inactive page cache. The VM keeps the daemons' roots on an ext4 disk,
+    // so the 16 MiB file written and read once is file cache, most of it
+    // inactive: the working set is well under the usage, for both shims,
+    // and ours is within 25% of runc's.
     let working_set = |v: &serde_json::Value| u(v, "memory.usage").saturating_sub(u(v, "memory.inactive_file"));
     let (a, b) = (working_set(&ours), working_set(&runc));
     eprintln!("working set: nri-shim {a}, runc {b}");
+    for (name, v) in [("runc", &runc), ("nri-shim", &ours)] {
+        assert!(
+            u(v, "memory.inactive_file") >= 8 << 20 && working_set(v) + (8 << 20) <= u(v, "memory.usage"),
+            "{name}: at least 8 MiB of the file is inactive cache, left out of the working set: {v}"
+        );
+    }
+    // What is left is about 1 MiB (anon, kernel stack, slab) of which some
+    // hundred KiB vary from run to run: 25% or 1 MiB, the larger.
     assert!(
-        b > 0 && a.abs_diff(b) <= b / 4,
-        "working set (usage - inactive_file): nri-shim {a}, runc {b} (tolerance 25%)"
+        b > 0 && a.abs_diff(b) <= (b / 4).max(1 << 20),
+        "working set (usage - inactive_file): nri-shim {a}, runc {b} (tolerance 25% or 1 MiB)"
     );
 }
 

@@ -2,9 +2,12 @@
 # Stage 2 of the VM's boot, PID 1 on the overlay of the host's `/` (see
 # scripts/vm/initramfs-init): a pure cgroup v2 system without systemd.
 # Mounts proc, sys, cgroup2 (every controller enabled for the children),
-# devtmpfs, devpts, tmpfs on /tmp, /run and /dev/shm. With the argument
-# `systemd` it is instead the one service of systemd as PID 1, which has
-# mounted all of that but /tmp: it mounts only /tmp. Runs the command in
+# devtmpfs, devpts, tmpfs on /run and /dev/shm, and the VM's ext4 disk
+# (/dev/vda) on /tmp. With the argument `systemd` it is instead the one
+# service of systemd as PID 1, which has mounted all of that but /tmp: it
+# mounts only /tmp. Either way it links the VM kernel's module tree (its
+# path in /vm-results/modules) as /lib/modules/VERSION, so the kernel's
+# module requests (through the host's modprobe) find them. Runs the command in
 # /vm-results/cmd (a shell script, from the directory in /vm-results/cwd,
 # within /vm-results/timeout seconds) writing its output to
 # /vm-results/output and its exit status to /vm-results/status; powers off.
@@ -26,7 +29,24 @@ keep=/vm-keep
 case "$cwd/" in
 /tmp/* | /run/* | /dev/shm/*) mkdir -p $keep && mount --bind "$cwd" $keep ;;
 esac
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+fatal() { # the command cannot run: say why as its output, status 125
+    say "$*"
+    echo "guest: $*" > $R/output
+    echo 125 > $R/status
+    sync
+    /bin/busybox poweroff -f
+}
+mkdir -p /lib/modules
+ln -sfn "$(cat $R/modules)" "/lib/modules/$(uname -r)" || fatal "cannot link the module tree"
+modprobe virtio_blk && modprobe ext4 || fatal "cannot load virtio_blk and ext4"
+i=0
+until [ -b /dev/vda ]; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || fatal "no disk /dev/vda"
+    sleep 0.1
+done
+mount -t ext4 -o noinit_itable /dev/vda /tmp || fatal "cannot mount /dev/vda on /tmp"
+chmod 1777 /tmp
 if [ "$mode" != systemd ]; then
     mount -t tmpfs -o mode=1777 tmpfs /dev/shm
     mount -t tmpfs -o mode=0755 tmpfs /run

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # scripts/vm/image.sh CACHE_DIR: the VM's kernel and initramfs, built from
-# Debian's archive and cached in CACHE_DIR. Prints two lines: the kernel
-# image and the initramfs. As root on Debian.
+# Debian's archive and cached in CACHE_DIR. Prints three lines: the kernel
+# image, the initramfs, and the kernel's whole module tree (the directory
+# the VM links as /lib/modules/VERSION, so that the kernel loads what it
+# asks for, e.g. bridge, veth and netfilter for pod networking, with the
+# host's kmod). As root on Debian.
 #
 # The kernel is Debian's `linux-image-*-amd64` package (what the
 # `linux-image-amd64` metapackage points at when nothing is cached yet),
@@ -15,11 +18,19 @@ cache=$1
 here=$(cd "$(dirname "$0")" && pwd)
 # Modules /init loads, with their dependencies (from modules.dep).
 WANTED="virtio_pci 9pnet_virtio 9p overlay"
+# What the cache holds besides: the whole module tree, indexed by kmod.
+CACHED="$WANTED; full module tree"
+
+# depmod for the full tree; modprobe in the VM (the host's / is its root).
+command -v depmod >/dev/null || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kmod >/dev/null
+}
 
 mkdir -p "$cache"
 kdir=$(ls -d "$cache"/linux-image-*/ 2>/dev/null | sort | tail -n 1 || true)
 kdir=${kdir%/}
-if [ -z "$kdir" ] || [ ! -f "$kdir/.ok" ] || [ "$(cat "$kdir/.ok")" != "$WANTED" ]; then
+if [ -z "$kdir" ] || [ ! -f "$kdir/.ok" ] || [ "$(cat "$kdir/.ok")" != "$CACHED" ]; then
     pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
     if [ -z "$pkg" ]; then
         apt-get update -qq
@@ -64,9 +75,12 @@ if [ -z "$kdir" ] || [ ! -f "$kdir/.ok" ] || [ "$(cat "$kdir/.ok")" != "$WANTED"
     done
     cp "$x/lib/modules/$kver"/modules.{dep,alias,symbols,builtin,order} "$kdir/modules/lib/modules/$kver/" 2>/dev/null || true
     busybox depmod -b "$kdir/modules" "$kver"
+    mkdir -p "$kdir/full/lib/modules"
+    mv "$x/lib/modules/$kver" "$kdir/full/lib/modules/$kver"
+    depmod -b "$kdir/full" "$kver"
     rm -rf "$x"
     echo "$kver" > "$kdir/kver"
-    echo "$WANTED" > "$kdir/.ok"
+    echo "$CACHED" > "$kdir/.ok"
 fi
 kver=$(cat "$kdir/kver")
 
@@ -83,3 +97,4 @@ echo "$WANTED" > "$root/modules.wanted"
 mv "$cache/initramfs.cpio.gz.tmp" "$cache/initramfs.cpio.gz"
 echo "$kdir/vmlinuz"
 echo "$cache/initramfs.cpio.gz"
+echo "$kdir/full/lib/modules/$kver"

@@ -8,14 +8,18 @@
 # shared read-only over 9p under a tmpfs overlay (so the host's tools and
 # this repository's prebuilt binaries run inside unchanged, and nothing the
 # VM writes reaches the host), a writable 9p share for the command, its
-# output and status, kernel command line `systemd.unified_cgroup_hierarchy=1
+# output and status, a virtio disk with a fresh ext4 file system (a sparse
+# file on the host, deleted afterwards) that the VM mounts on /tmp, where
+# the tests keep their daemons' roots: so page cache there is real file
+# cache, as on a node, not tmpfs's shared memory; kernel command line `systemd.unified_cgroup_hierarchy=1
 # cgroup_no_v1=all`, scripts/vm/guest.sh as PID 1 (NRI_VM_INIT=systemd:
 # the host's systemd as PID 1, running guest.sh as its one service; see
 # scripts/vm/initramfs-init).
 #
 # Environment: NRI_VM_TIMEOUT (seconds for the command, default 2400; the
 # VM gets 300 more to boot and power off), NRI_VM_MEM (MiB, default 3072),
-# NRI_VM_CPUS (default 2), NRI_VM_CACHE (default target/vm),
+# NRI_VM_CPUS (default 2), NRI_VM_CACHE (default target/vm), NRI_VM_DISK_GB
+# (the disk's size, default 16; sparse),
 # NRI_VM_CONSOLE=1 to print the VM's console as it boots, NRI_VM_INIT
 # (`systemd`, or empty for guest.sh as PID 1).
 set -euo pipefail
@@ -32,7 +36,7 @@ systemd) init_args=" nri_vm_init=systemd" ;;
 *) echo "NRI_VM_INIT=${NRI_VM_INIT}: only systemd (or nothing)" >&2; exit 2 ;;
 esac
 
-nri_need_packages busybox-static
+nri_need_packages busybox-static e2fsprogs
 if ! command -v qemu-system-x86_64 >/dev/null; then
     # Without its recommends (the GUI, firmware and tools we do not use).
     apt-get update -qq
@@ -41,7 +45,13 @@ fi
 mapfile -t img < <(scripts/vm/image.sh "$cache")
 
 res=$(mktemp -d /tmp/nri-vm.XXXXXX)
-trap 'rm -rf "$res"' EXIT
+disk=$(mktemp "$cache/disk.XXXXXX")
+trap 'rm -rf "$res" "$disk"' EXIT
+# Sparse; inode tables left uninitialised (zeros on a new sparse file; the
+# VM mounts with noinit_itable), so neither mkfs nor the VM writes them.
+truncate -s "${NRI_VM_DISK_GB:-16}G" "$disk"
+mkfs.ext4 -q -F -m 0 -E lazy_itable_init=1,lazy_journal_init=1 "$disk"
+printf '%s\n' "${img[2]}" > "$res/modules"
 printf '%s\n' "$*" > "$res/cmd"
 echo "$repo" > "$res/cwd"
 echo "$timeout" > "$res/timeout"
@@ -49,7 +59,7 @@ touch "$res/console.log"
 if [ "${NRI_VM_CONSOLE:-0}" = 1 ]; then
     tail -n +1 -f "$res/console.log" &
     tailpid=$!
-    trap 'kill $tailpid 2>/dev/null; rm -rf "$res"' EXIT
+    trap 'kill $tailpid 2>/dev/null; rm -rf "$res" "$disk"' EXIT
 fi
 
 start=$(date +%s)
@@ -63,6 +73,7 @@ timeout -k 10 $((timeout + 300)) qemu-system-x86_64 \
     -serial "file:$res/console.log" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$res,mount_tag=results,security_model=none,multidevs=remap" \
+    -drive "file=$disk,format=raw,if=virtio,cache=unsafe" \
     </dev/null || rc=$?
 echo "== VM ran for $(($(date +%s) - start)) s (qemu status $rc)" >&2
 if [ ! -f "$res/status" ]; then
