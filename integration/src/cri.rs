@@ -501,15 +501,19 @@ log_level = "debug"
         cfg
     }
 
-    /// The host path of a v1 controller's file of container `id` in the pod
-    /// `pod` (cgroupfs: `<cgroup_parent>/<id>`).
+    /// The host path of file `file` of container `id`'s cgroup in the pod
+    /// `pod` (cgroupfs: `<cgroup_parent>/<id>`): under the v1 controller
+    /// `controller`'s hierarchy, or, on a pure cgroup v2 host, in the one
+    /// hierarchy (`controller` unused there: v2 has one directory).
     pub fn cgroup_file(&self, pod: &api::PodSandboxConfig, id: &str, controller: &str, file: &str) -> PathBuf {
         let parent = &pod.linux.as_ref().unwrap().cgroup_parent;
-        Path::new("/sys/fs/cgroup")
-            .join(controller)
-            .join(parent.trim_start_matches('/'))
-            .join(id)
-            .join(file)
+        let root = Path::new("/sys/fs/cgroup");
+        let root = if crate::cgroup::v2() {
+            root.to_path_buf()
+        } else {
+            root.join(controller)
+        };
+        root.join(parent.trim_start_matches('/')).join(id).join(file)
     }
 
     /// Stops and removes every pod, then containerd, the shim daemon, the

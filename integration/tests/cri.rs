@@ -704,10 +704,16 @@ async fn update(cri: &Cri, h: &'static str) -> Vec<String> {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|e| format!("{}: {e}", p.display()))
     };
+    // The memory limit and CPU share files of this host's hierarchy.
+    let (memory, cpu) = if integration::cgroup::v2() {
+        ("memory.max", "cpu.weight")
+    } else {
+        ("memory.limit_in_bytes", "cpu.shares")
+    };
     let mut obs = vec![format!(
-        "before: memory.limit_in_bytes={} cpu.shares={}",
-        read("memory", "memory.limit_in_bytes"),
-        read("cpu", "cpu.shares")
+        "before: {memory}={} {cpu}={}",
+        read("memory", memory),
+        read("cpu", cpu)
     )];
     // Through `cri-update`, the command the README gives for it.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_cri-update"))
@@ -723,9 +729,9 @@ async fn update(cri: &Cri, h: &'static str) -> Vec<String> {
         String::from_utf8_lossy(&out.stderr)
     );
     obs.push(format!(
-        "after: memory.limit_in_bytes={} cpu.shares={}",
-        read("memory", "memory.limit_in_bytes"),
-        read("cpu", "cpu.shares")
+        "after: {memory}={} {cpu}={}",
+        read("memory", memory),
+        read("cpu", cpu)
     ));
     obs.push(format!(
         "still {}",
@@ -740,14 +746,22 @@ async fn update_container_resources_reaches_the_cgroup() {
     let cri = shared();
     let (runc, nri) = both(|h| update(cri, h)).await;
     same("UpdateContainerResources", &runc, &nri);
-    assert_eq!(
-        runc,
+    // On v2, runc 1.1's shares-to-weight conversion: 1 + (shares - 2) *
+    // 9999 / 262142, so 1024 is 39 and 512 is 20.
+    let expected = if integration::cgroup::v2() {
+        [
+            "before: memory.max=268435456 cpu.weight=39",
+            "after: memory.max=67108864 cpu.weight=20",
+            "still ContainerRunning",
+        ]
+    } else {
         [
             "before: memory.limit_in_bytes=268435456 cpu.shares=1024",
             "after: memory.limit_in_bytes=67108864 cpu.shares=512",
             "still ContainerRunning",
         ]
-    );
+    };
+    assert_eq!(runc, expected);
 }
 
 // ---------------------------------------------------------------------------
@@ -881,8 +895,14 @@ async fn pid_one(cri: &Cri, h: &'static str, pid: api::NamespaceMode) -> Vec<Str
         .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
         .unwrap_or_else(|| panic!("{h}: task {id} not in `ctr t ls`"));
     let cgroups = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup")).unwrap_or_default();
-    let want = format!(":memory:{}/{id}", cfg.linux.as_ref().unwrap().cgroup_parent);
-    let own = cgroups.lines().any(|l| l.ends_with(&want));
+    // The memory controller's line on v1 (`N:memory:PATH`), the one line
+    // (`0::PATH`) on v2.
+    let path = format!("{}/{id}", cfg.linux.as_ref().unwrap().cgroup_parent);
+    let own = if integration::cgroup::v2() {
+        cgroups.lines().any(|l| l == format!("0::{path}"))
+    } else {
+        cgroups.lines().any(|l| l.ends_with(&format!(":memory:{path}")))
+    };
     c.remove_pod(&pod).await;
     let one: String = if one == PAUSE_CMDLINE {
         "the pod's pause".into()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The cgroup v2 lane (issue 12): the shim's lifecycle tests
 # (shim/tests/lifecycle.rs), the containerd end-to-end tests
-# (integration/tests/containerd.rs) and the main job, run in a VM with a
+# (integration/tests/containerd.rs), the CRI tests against runc
+# (integration/tests/cri.rs: stats, updates, OOM, pod cgroups, bridge
+# networking) and the main job, run in a VM with a
 # pure cgroup v2 hierarchy (scripts/vm/run.sh) with the test binaries this
 # repository builds here; then the systemd cgroup driver's tests
 # (integration/tests/systemd_cgroup.rs) in a second VM with systemd as
@@ -35,12 +37,13 @@ exe() { # the executable of test target $1
 }
 lifecycle=$(exe lifecycle)
 containerd=$(exe containerd)
+cri=$(exe cri)
 systemd_cgroup=$(exe systemd_cgroup)
-[ -x "$lifecycle" ] && [ -x "$containerd" ] && [ -x "$systemd_cgroup" ] || {
-    echo "lane: test binaries not found (lifecycle '$lifecycle', containerd '$containerd', systemd_cgroup '$systemd_cgroup')" >&2
+[ -x "$lifecycle" ] && [ -x "$containerd" ] && [ -x "$cri" ] && [ -x "$systemd_cgroup" ] || {
+    echo "lane: test binaries not found (lifecycle '$lifecycle', containerd '$containerd', cri '$cri', systemd_cgroup '$systemd_cgroup')" >&2
     exit 1
 }
-for b in containerd-shim-nri-shim-v2 nri-adjuster nri-test-plugin; do
+for b in containerd-shim-nri-shim-v2 nri-adjuster nri-test-plugin cri-update; do
     [ -x "target/debug/$b" ] || { echo "lane: target/debug/$b missing" >&2; exit 1; }
 done
 
@@ -49,7 +52,7 @@ mkdir -p target/vm
 echo "== cgroup v2 lane: booting the VM (qemu TCG; the tests take several minutes)"
 vm_start=$(date +%s)
 vm_rc=0
-scripts/vm/run.sh scripts/vm/suites.sh "lifecycle=$lifecycle" "containerd=$containerd" main-job \
+scripts/vm/run.sh scripts/vm/suites.sh "lifecycle=$lifecycle" "containerd=$containerd" "cri=$cri" main-job \
     > "$log" 2>&1 || vm_rc=$?
 vm_secs=$(($(date +%s) - vm_start))
 sed 's/^/vm| /' "$log"
@@ -73,7 +76,7 @@ section() { # the lines of suite $1
 }
 passed=0
 known_failed=()
-for suite in lifecycle containerd; do
+for suite in lifecycle containerd cri; do
     status=$(sed -n "s/^== suite $suite exit //p" "$log")
     out=$(section "$suite")
     if [ -z "$status" ]; then

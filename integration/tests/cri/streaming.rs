@@ -34,15 +34,24 @@ async fn stream(url: &str, input: &[(u8, &[u8])], until: Option<&str>) -> Stream
         .unwrap_or_else(|e| panic!("WebSocket to {url}: {e}"));
     let (mut tx, mut rx) = ws.split();
     let input: Vec<(u8, Vec<u8>)> = input.iter().map(|(c, b)| (*c, b.to_vec())).collect();
+    // What the reader has seen on stdout so far, for the writer.
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(String::new());
     let writer = tokio::spawn(async move {
         let mut after_resize = false;
         for (chan, bytes) in input {
-            // A resize (channel 4) reaches the shim over ttrpc, typed input
-            // over the stdin fifo: under load the input overtook it (for
-            // nri-shim, once, with two builds sharing the 2 cores) and
-            // `stty size` printed the old size. Give a resize longer.
-            let gap = if after_resize { 1000 } else { 200 };
-            tokio::time::sleep(Duration::from_millis(gap)).await;
+            // A resize (channel 4) reaches the shim over ttrpc once the exec
+            // has started, typed input over the stdin fifo: input already
+            // queued reaches the shell as soon as it runs, and can overtake
+            // the resize (for both shims, under load: in the VM lane with
+            // the suite in parallel `stty size` printed the old size). So
+            // after a resize, type only once the shell's prompt is there,
+            // and a second later.
+            if after_resize {
+                let _ = tokio::time::timeout(Duration::from_secs(15), seen.wait_for(|s| s.contains("# "))).await;
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             after_resize = chan == 4;
             let mut msg = vec![chan];
             msg.extend_from_slice(&bytes);
@@ -71,7 +80,10 @@ async fn stream(url: &str, input: &[(u8, &[u8])], until: Option<&str>) -> Stream
         };
         let text = String::from_utf8_lossy(body);
         match chan {
-            1 => out.stdout.push_str(&text),
+            1 => {
+                out.stdout.push_str(&text);
+                seen_tx.send_replace(out.stdout.clone());
+            }
             2 => out.stderr.push_str(&text),
             3 if !body.is_empty() => out.status = exit_of(&text),
             _ => {}
@@ -130,6 +142,14 @@ async fn exec_tty(cri: &Cri, h: &'static str) -> Streamed {
     )
     .await;
     c.remove_pod(&pod).await;
+    println!("{h}: the tty's whole output: {:?}", got.stdout);
+    for l in cri
+        .log()
+        .lines()
+        .filter(|l| l.contains("resize") || l.contains("Resize"))
+    {
+        println!("{h}: containerd: {l}");
+    }
     // The tty echoes the typed lines and ends lines with \r\n; keep the
     // lines the shell printed.
     let stdout = got

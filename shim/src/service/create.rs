@@ -260,7 +260,12 @@ impl Service {
         if let Some(cgroups_path) = &undo.runner_created {
             // With the cgroup: a create that failed in libcontainer may have
             // left it (see helper's delete).
-            let _ = self.runner().delete(&req.id, Some(cgroups_path)).await;
+            if let Err(e) = self.runner().delete(&req.id, Some(cgroups_path)).await {
+                // The create's own error is what the caller gets; this one
+                // says what may be left behind.
+                tracing::warn!(task = %req.id, cgroup = %cgroups_path.display(), error = %crate::error::chain(&e),
+                    "cleaning up after a failed create failed");
+            }
         }
         // As containerd does for a failed create: tell plugins it is gone.
         if let Some((pod, c)) = &undo.nri_container {
