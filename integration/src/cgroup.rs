@@ -11,15 +11,27 @@ pub fn v2() -> bool {
     Path::new(ROOT).join("cgroup.controllers").exists()
 }
 
+/// File `file` of cgroup `path` (e.g. `/default/ctrd-f1`): under the v1
+/// controller `controller`'s hierarchy, or in the one v2 hierarchy
+/// (`controller` unused there).
+pub fn file(path: &str, controller: &str, file: &str) -> PathBuf {
+    let root = Path::new(ROOT);
+    let root = if v2() {
+        root.to_path_buf()
+    } else {
+        root.join(controller)
+    };
+    root.join(path.trim_start_matches('/')).join(file)
+}
+
 /// The memory limit file of cgroup `path` (e.g. `/default/ctrd-f1`):
 /// `memory.limit_in_bytes` of the v1 memory controller, or `memory.max`.
 pub fn memory_limit_file(path: &str) -> PathBuf {
-    let rel = path.trim_start_matches('/');
-    if v2() {
-        Path::new(ROOT).join(rel).join("memory.max")
-    } else {
-        Path::new(ROOT).join("memory").join(rel).join("memory.limit_in_bytes")
-    }
+    file(
+        path,
+        "memory",
+        if v2() { "memory.max" } else { "memory.limit_in_bytes" },
+    )
 }
 
 /// The memory limit of cgroup `path`, as the kernel shows it.

@@ -507,13 +507,7 @@ log_level = "debug"
     /// hierarchy (`controller` unused there: v2 has one directory).
     pub fn cgroup_file(&self, pod: &api::PodSandboxConfig, id: &str, controller: &str, file: &str) -> PathBuf {
         let parent = &pod.linux.as_ref().unwrap().cgroup_parent;
-        let root = Path::new("/sys/fs/cgroup");
-        let root = if crate::cgroup::v2() {
-            root.to_path_buf()
-        } else {
-            root.join(controller)
-        };
-        root.join(parent.trim_start_matches('/')).join(id).join(file)
+        crate::cgroup::file(&format!("{parent}/{id}"), controller, file)
     }
 
     /// Stops and removes every pod, then containerd, the shim daemon, the

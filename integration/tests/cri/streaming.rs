@@ -34,8 +34,8 @@ async fn stream(url: &str, input: &[(u8, &[u8])], until: Option<&str>) -> Stream
         .unwrap_or_else(|e| panic!("WebSocket to {url}: {e}"));
     let (mut tx, mut rx) = ws.split();
     let input: Vec<(u8, Vec<u8>)> = input.iter().map(|(c, b)| (*c, b.to_vec())).collect();
-    // What the reader has seen on stdout so far, for the writer.
-    let (seen_tx, mut seen) = tokio::sync::watch::channel(String::new());
+    // Whether the reader has seen a shell prompt on stdout, for the writer.
+    let (prompt_tx, mut prompt) = tokio::sync::watch::channel(false);
     let writer = tokio::spawn(async move {
         let mut after_resize = false;
         for (chan, bytes) in input {
@@ -47,7 +47,7 @@ async fn stream(url: &str, input: &[(u8, &[u8])], until: Option<&str>) -> Stream
             // after a resize, type only once the shell's prompt is there,
             // and a second later.
             if after_resize {
-                let _ = tokio::time::timeout(Duration::from_secs(15), seen.wait_for(|s| s.contains("# "))).await;
+                let _ = tokio::time::timeout(Duration::from_secs(15), prompt.wait_for(|&p| p)).await;
                 tokio::time::sleep(Duration::from_millis(1000)).await;
             } else {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -82,7 +82,7 @@ async fn stream(url: &str, input: &[(u8, &[u8])], until: Option<&str>) -> Stream
         match chan {
             1 => {
                 out.stdout.push_str(&text);
-                seen_tx.send_replace(out.stdout.clone());
+                prompt_tx.send_replace(out.stdout.contains("# "));
             }
             2 => out.stderr.push_str(&text),
             3 if !body.is_empty() => out.status = exit_of(&text),
