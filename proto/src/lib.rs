@@ -71,6 +71,7 @@ pub mod api_ttrpc {
 pub mod events;
 pub mod mux;
 pub mod naming;
+mod packed_enum;
 pub mod plugin;
 pub mod sync;
 
