@@ -51,7 +51,8 @@ impl Cpu {
         }
 
         if let Some(mut shares) = cpu.shares() {
-            shares = convert_shares_to_cgroup2(shares);
+            // nri-shim patch: runc's conversion (see `runc_shares_to_weight`).
+            shares = runc_shares_to_weight(shares);
             if shares != 0 {
                 properties.insert(CPU_WEIGHT, Variant::U64(shares));
             }
@@ -66,6 +67,12 @@ impl Cpu {
                 // cpu quota in systemd must be specified as number of
                 // microseconds per second of cpu time.
                 quota = specified_quota as u64 * MICROSECS_PER_SEC / period;
+                // nri-shim patch: systemd keeps a quota in whole percents of
+                // a CPU, so runc rounds it up to the next 10 ms per second
+                // (systemd would round down: less CPU than asked).
+                if quota % 10_000 != 0 {
+                    quota = (quota / 10_000 + 1) * 10_000;
+                }
             }
         }
         properties.insert(CPU_QUOTA, Variant::U64(quota));
@@ -94,6 +101,19 @@ impl Cpu {
 // For reference, see:
 // https://github.com/opencontainers/runc/releases/tag/v1.3.2
 // https://github.com/opencontainers/cgroups/pull/20
+/// nri-shim patch: `CPUWeight` from `cpu.shares` as runc 1.1 computes it, the
+/// linear map of the v1 range [2, 262144] onto [1, 10000]
+/// (`1 + (shares - 2) * 9999 / 262142`: 512 -> 20, 1024 -> 39), so a
+/// container gets the weight it gets under runc on the same node; the
+/// logarithmic formula below gave 512 -> 59. 0 means not set.
+pub fn runc_shares_to_weight(shares: u64) -> u64 {
+    if shares == 0 {
+        return 0;
+    }
+    let shares = shares.clamp(2, 262_144);
+    1 + (shares - 2) * 9999 / 262_142
+}
+
 pub fn convert_shares_to_cgroup2(shares: u64) -> u64 {
     if shares == 0 {
         return 0;
@@ -143,7 +163,8 @@ mod tests {
 
         let cpu_weight = &properties[CPU_WEIGHT];
         let val = recast!(cpu_weight, Variant)?;
-        assert_eq!(val, Variant::U64(1204));
+        // nri-shim patch: runc's linear weight (was 1204).
+        assert_eq!(val, Variant::U64(840));
 
         Ok(())
     }

@@ -1,6 +1,6 @@
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -50,6 +50,13 @@ pub struct DbusConnection {
     // This must be atomic, so that we can take non-mutable reference to self
     // and still increment this
     msg_ctr: AtomicU32,
+}
+
+// nri-shim patch: the connection owns its socket (see `connect`).
+impl Drop for DbusConnection {
+    fn drop(&mut self) {
+        let _ = nix::unistd::close(self.socket);
+    }
 }
 
 #[inline(always)]
@@ -190,15 +197,20 @@ impl DbusConnection {
 
     /// Create a Unix socket and connect it to the given dbus address.
     fn connect(addr: &str, system: bool) -> Result<Self> {
-        // NOTE: DbusConnection should own an OwnedFd instead of ManuallyDrop + RawFd
-        // so that fd ownership is explicit and Drop does not need to close manually.
-        // Tracked in https://github.com/youki-dev/youki/issues/3629
-        let socket = std::mem::ManuallyDrop::new(socket::socket(
+        // nri-shim patch: the socket was wrapped in ManuallyDrop and never
+        // closed, so every connection (one per systemd cgroup manager: each
+        // create, update and delete) leaked its fd, and a failed connect
+        // (no bus daemon, before the fallback to systemd's private socket)
+        // leaked one more; a long-running shim daemon ran out of fds. It is
+        // now an OwnedFd until the connection is made (closed on every error
+        // path), then closed by `Drop for DbusConnection`; and close-on-exec,
+        // so no child of the runtime inherits it.
+        let socket = socket::socket(
             socket::AddressFamily::Unix,
             socket::SockType::Stream,
-            socket::SockFlag::empty(),
+            socket::SockFlag::SOCK_CLOEXEC,
             None,
-        )?);
+        )?;
 
         let unix_addr = socket::UnixAddr::new(addr)?;
         socket::connect(socket.as_raw_fd(), &unix_addr)?;
@@ -212,7 +224,7 @@ impl DbusConnection {
         )?;
 
         Ok(Self {
-            socket: socket.as_raw_fd(),
+            socket: socket.into_raw_fd(),
             msg_ctr: AtomicU32::new(0),
             id: None,
             system,
