@@ -437,6 +437,74 @@ fn daemon_stays_up_for_creates_slower_than_its_idle_time() {
     }
 }
 
+/// `start` holds the daemon for its task however long containerd takes to
+/// dial: run as containerd runs it (the same flags and environment), then
+/// nothing dials for five idle periods; the daemon must still be up and
+/// answer at the printed address. containerd's `delete` for the task (its
+/// cleanup when the Create never came) releases it, and the daemon goes
+/// idle. Before start claims (crate::claim in the shim) the daemon exited
+/// one idle period after the probe, and a Create slower than that to come
+/// (a loaded node; seen in the cgroup v2 VM under qemu) failed with
+/// `task.sock: no such file or directory`.
+#[test]
+fn start_holds_the_daemon_until_its_task_is_created_or_deleted() {
+    let c = Containerd::start(Setup {
+        idle_timeout: "300ms",
+        ..Default::default()
+    });
+    let bundle = c.dir.path().join("claim-bundle");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let shim = |action: &str| {
+        let publish = integration::containerd::containerd_bin_dir().map_or_else(
+            || std::path::PathBuf::from("/usr/bin/containerd"),
+            |d| d.join("containerd"),
+        );
+        let out = std::process::Command::new(workspace_bin("containerd-shim-nri-shim-v2"))
+            .args(["-namespace", "default", "-address"])
+            .arg(&c.sock)
+            .arg("-publish-binary")
+            .arg(publish)
+            .args(["-id", "ctrd-claim", action])
+            .current_dir(&bundle)
+            .env("NRI_SHIM_CONFIG", c.shim_config())
+            .env("TTRPC_ADDRESS", format!("{}.ttrpc", c.sock.display()))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "shim {action}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let printed = shim("start");
+    // containerd 1.x reads the bare address, 2.x a JSON bootstrap reply.
+    let address = printed
+        .split("unix://")
+        .nth(1)
+        .and_then(|rest| rest.split(['"', '\n', ' ']).next())
+        .unwrap_or_else(|| panic!("no unix:// address in start's output: {printed:?}"));
+    let pid = c.shim_daemon_pid().expect("start left no daemon");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        c.shim_daemon_pid(),
+        Some(pid),
+        "the daemon went away idle before the task's Create:\n{}",
+        c.shim_log()
+    );
+    assert!(
+        std::os::unix::net::UnixStream::connect(address).is_ok(),
+        "{address} does not answer"
+    );
+    shim("delete");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.shim_daemon_pid().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "daemon still up 20 s after the claim's delete (idle timeout 300 ms):\n{}",
+            c.shim_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// SIGTERM: the daemon logs why it exits, shuts its plugins down and
 /// removes its sockets; containerd cleans up the dead shim's task and the
 /// next container starts a fresh daemon.

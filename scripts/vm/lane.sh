@@ -23,7 +23,6 @@ cd "$(dirname "$0")/../.."
 # reported, not counted. SUITE::TEST, then the issue's item. Remove an
 # entry when its fix lands (the lane says when one passes).
 KNOWN_V2_DIVERGENCES=(
-    "containerd::daemon_stays_up_for_creates_slower_than_its_idle_time|not a v2 bug, a daemon race to fix (seen once, 2026-12-02, in the VM): ctr's shim start got the address of a daemon that then went away idle (task.sock: no such file); see the stop 23 note"
     "cri::streaming::host_port_mapping_reaches_the_container|not a v2 bug, the test environment (seen once, failing runc's pod): CNI portmap's iptables-nft chain creation (CNI-HOSTPORT-SETMARK: File exists) races between pods set up in parallel"
     "lifecycle::r27_failed_create_is_fast_and_leaves_nothing|issue 12 item 2: intermittent (1 run in 3): the v2-aware leak check found the v2 cgroup of a failed create (missing binary) left behind, the suite running in parallel in the VM; it passes alone"
 )

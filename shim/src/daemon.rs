@@ -81,6 +81,9 @@ pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapP
         let (child, ready) = spawn_daemon(flags, &dir, params.and_then(BootstrapParams::ttrpc_address))?;
         wait_ready(child, ready, &dir)?;
     }
+    // The daemon stays for this task's Create however long containerd
+    // takes to dial (see crate::claim).
+    crate::claim::write(&dir, &flags.namespace, &flags.id).context("start claim")?;
     drop(starting);
     let address = format!("unix://{}", sock.display());
     let bundle = match &flags.bundle {
@@ -296,6 +299,9 @@ pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
             }
         }
     };
+    // The task's Create will not come now (a start whose Create failed or
+    // never came is cleaned up with this); the daemon need not wait for it.
+    crate::claim::consume(&record.daemon_dir, &record.namespace, &record.id);
     let sock = record.socket();
     let through_daemon = if answers(&sock) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -632,7 +638,8 @@ async fn serve(
     }
 
     // Idle exit: no tasks, no task request in flight, no connection or
-    // request, and no external NRI plugin, for idle_timeout.
+    // request, and no external NRI plugin, for idle_timeout; and no
+    // `start` waiting for its task's Create (crate::claim).
     let mut idle = config.shim.idle_timeout;
     let mut idle_since: Option<Instant> = None;
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("SIGHUP handler")?;
@@ -666,7 +673,8 @@ async fn serve(
                 let lock = tokio::task::spawn_blocking(move || start_lock(&lock_dir)).await;
                 // Let a probe that connected meanwhile be accepted first.
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                if quiet().is_some_and(|q| q >= idle) {
+                let claims = crate::claim::pending(&dir, crate::claim::CLAIM_TTL);
+                if claims == 0 && quiet().is_some_and(|q| q >= idle) {
                     let _ = std::fs::remove_file(&sock);
                     drop(lock);
                     break "idle";

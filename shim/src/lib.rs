@@ -40,6 +40,7 @@ pub mod bundle;
 pub mod cdi;
 pub mod cgroups;
 pub mod cgroupv2;
+pub mod claim;
 pub mod cleanup;
 pub mod config;
 pub mod daemon;

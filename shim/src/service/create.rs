@@ -53,6 +53,8 @@ impl Service {
     /// stdio, [`crate::error::ShimError::Runtime`] when the runner fails.
     pub async fn create(&self, ns: &str, req: task_api::CreateTaskRequest) -> Result<task_api::CreateTaskResponse> {
         let reservation = self.inner.tasks.reserve(ns, &req.id)?;
+        // The Create `start` was run for has come (see crate::claim).
+        crate::claim::consume(&self.inner.state_root, ns, &req.id);
         let log_key = format!("{ns}/{}", req.id);
         crate::shimlog::SHIM_LOG.attach(&log_key, std::path::Path::new(&req.bundle));
         let mut undo = Undo::default();
@@ -130,6 +132,7 @@ impl Service {
                 .adjust(&mut spec, rsp.adjust.get_or_default())?;
             updates = rsp.update;
         }
+        // The systemd driver's CPU quota as runc rounds it (unit and file).
         if role != Role::Sandbox || defaulted_path || cdi_injected {
             bundle.write_spec(&spec)?;
             undo.config = Some(loaded.original);
