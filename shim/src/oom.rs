@@ -80,6 +80,13 @@ impl OomWatch {
         })
     }
 
+    /// Whether the watch is cgroup v1's: the kernel signals the OOM when
+    /// it starts handling it, before it kills and counts the victim in
+    /// `oom_kill` (v2's `memory.events` changes again when it counts).
+    pub fn signals_before_the_kill(&self) -> bool {
+        self._control.is_some()
+    }
+
     /// Waits for the next change; `false` once the cgroup is gone (the
     /// watch has ended).
     pub async fn changed(&mut self) -> bool {

@@ -60,12 +60,22 @@ pub trait OomEvents: Send + 'static {
     /// Waits for the next change of the cgroup's OOM state; `false` once
     /// the watch has ended (the cgroup is gone).
     async fn changed(&mut self) -> bool;
+
+    /// Whether a change can come before the kill is counted (cgroup v1's
+    /// OOM notification), so that the count must be read again for a
+    /// while; `false` by default.
+    fn signals_before_the_kill(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]
 impl OomEvents for crate::oom::OomWatch {
     async fn changed(&mut self) -> bool {
         crate::oom::OomWatch::changed(self).await
+    }
+    fn signals_before_the_kill(&self) -> bool {
+        crate::oom::OomWatch::signals_before_the_kill(self)
     }
 }
 

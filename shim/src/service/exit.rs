@@ -27,6 +27,11 @@ use crate::{events::topics, io::ProcessIo, monitor::ExitStatus, runner::OomEvent
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an init's exit waits for each started exec's.
 const EXEC_EXIT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a cgroup v1 OOM signal is followed by reads of the kill count
+/// (the kill is counted after the signal; an OOM that kills nothing, with
+/// the OOM killer disabled, ends the reads after this).
+const OOM_COUNT_PATIENCE: Duration = Duration::from_secs(2);
+
 /// How long an exit waits for the outcome of a start in progress.
 const START_OUTCOME_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -42,7 +47,16 @@ impl Service {
                     if !alive {
                         return;
                     }
-                    self.publish_ooms(&task).await;
+                    // v1 signals before the victim is counted: on a loaded
+                    // node the first read can still see the old count, and
+                    // no later signal comes for that kill.
+                    let deadline = tokio::time::Instant::now() + OOM_COUNT_PATIENCE;
+                    while !self.publish_ooms(&task).await
+                        && oom.signals_before_the_kill()
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
                 }
                 _ = async { reaped.wait_for(|r| *r).await.map(drop) } => return,
             }
@@ -51,8 +65,9 @@ impl Service {
 
     /// One `/tasks/oom` when the cgroup counts more OOM kills than were
     /// published; serialised so the live watch and the exit never both
-    /// publish one kill, nor the watch after the exit event.
-    async fn publish_ooms(&self, task: &Task) {
+    /// publish one kill, nor the watch after the exit event. Returns
+    /// whether it published.
+    async fn publish_ooms(&self, task: &Task) -> bool {
         let mut published = task.oom_published.lock().await;
         let count = self.runner().oom_kills(task.target()).await.unwrap_or(0);
         if count > *published {
@@ -66,7 +81,9 @@ impl Service {
                     ..Default::default()
                 }),
             );
+            return true;
         }
+        false
     }
 
     /// Waits for `proc`'s exit and publishes it (see the module docs).

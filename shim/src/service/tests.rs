@@ -85,6 +85,8 @@ struct FakeRunner {
     exec_processes: Mutex<Vec<serde_json::Value>>,
     /// Wakes the OOM watch of the last created container.
     oom_tx: Mutex<Option<tokio::sync::mpsc::UnboundedSender<()>>>,
+    /// The OOM watch signals before the kill is counted (cgroup v1).
+    oom_signals_early: std::sync::atomic::AtomicBool,
     /// Run when a freeze is asked, before it is done (to race it).
     on_freeze: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -192,16 +194,19 @@ impl Runner for FakeRunner {
     fn watch_oom(&self, _target: Target<'_>) -> Option<Box<dyn crate::runner::OomEvents>> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         *self.oom_tx.lock().unwrap() = Some(tx);
-        Some(Box::new(FakeOom(rx)))
+        Some(Box::new(FakeOom(rx, self.oom_signals_early.load(Ordering::SeqCst))))
     }
 }
 
-struct FakeOom(tokio::sync::mpsc::UnboundedReceiver<()>);
+struct FakeOom(tokio::sync::mpsc::UnboundedReceiver<()>, bool);
 
 #[async_trait]
 impl crate::runner::OomEvents for FakeOom {
     async fn changed(&mut self) -> bool {
         self.0.recv().await.is_some()
+    }
+    fn signals_before_the_kill(&self) -> bool {
+        self.1
     }
 }
 
@@ -669,6 +674,29 @@ async fn an_oom_kill_in_a_running_container_is_published_at_once_and_once() {
     assert_eq!(f.status("c1", "").await, task_api::Status::RUNNING);
     // A wake without a new kill publishes nothing; the exit adds no second one.
     f.runner.oom_tx.lock().unwrap().as_ref().unwrap().send(()).unwrap();
+    f.runner.proc("c1").exit(0);
+    f.wait_topic_count(topics::EXIT, 1).await;
+    assert_eq!(
+        f.sink.topics(),
+        [topics::CREATE, topics::START, topics::OOM, topics::EXIT]
+    );
+}
+
+/// cgroup v1 signals an OOM before it kills and counts the victim: a
+/// count read at once still says 0, and no second signal comes for that
+/// kill. The kill counted 300 ms later is still published while the
+/// container runs (the event was lost on a loaded host before).
+#[tokio::test]
+async fn an_oom_signalled_before_its_kill_is_counted_is_published() {
+    let f = Fixture::new();
+    f.runner.oom_signals_early.store(true, Ordering::SeqCst);
+    f.create("c1", &[]).await.unwrap();
+    f.service.start(NS, "c1", "").await.unwrap();
+    f.runner.oom_tx.lock().unwrap().as_ref().unwrap().send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    f.runner.oom_kills.store(1, Ordering::SeqCst);
+    f.wait_topic_count(topics::OOM, 1).await;
+    assert_eq!(f.status("c1", "").await, task_api::Status::RUNNING);
     f.runner.proc("c1").exit(0);
     f.wait_topic_count(topics::EXIT, 1).await;
     assert_eq!(
