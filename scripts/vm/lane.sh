@@ -23,7 +23,6 @@ cd "$(dirname "$0")/../.."
 # reported, not counted. SUITE::TEST, then the issue's item. Remove an
 # entry when its fix lands (the lane says when one passes).
 KNOWN_V2_DIVERGENCES=(
-    "cri::streaming::host_port_mapping_reaches_the_container|not a v2 bug, the test environment (seen once, failing runc's pod): CNI portmap's iptables-nft chain creation (CNI-HOSTPORT-SETMARK: File exists) races between pods set up in parallel"
     "lifecycle::r27_failed_create_is_fast_and_leaves_nothing|issue 12 item 2: intermittent (1 run in 3): the v2-aware leak check found the v2 cgroup of a failed create (missing binary) left behind, the suite running in parallel in the VM; it passes alone"
 )
 
