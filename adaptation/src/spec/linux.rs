@@ -222,7 +222,11 @@ pub(super) fn apply_rdt(s: &mut Spec, rdt: &api::LinuxRdt) {
         cur.set_clos_id(Some(v.value.clone()));
     }
     if let Some(v) = rdt.schemata.as_ref() {
-        cur.set_schemata(Some(v.value.clone()));
+        // An empty list is no schemata: config.json leaves an empty
+        // `schemata` out (as Go's `omitempty` does), so keeping `Some([])`
+        // would make the spec the runtime adjusted differ from the one it
+        // writes and runs (found by the `adjust` fuzz target).
+        cur.set_schemata((!v.value.is_empty()).then(|| v.value.clone()));
     }
     if let Some(v) = rdt.enable_monitoring.as_ref() {
         cur.set_enable_monitoring(Some(v.value));

@@ -503,6 +503,24 @@ fn memory_limit_on_spec_without_swap_sets_swap() {
     assert_eq!(r.memory().as_ref().unwrap().swap(), None);
 }
 
+/// An empty RDT schemata list clears the schemata and the adjusted spec
+/// is what its JSON (config.json) says: the `adjust` fuzz target found
+/// `Some([])` kept in memory, which JSON leaves out.
+#[test]
+fn an_empty_rdt_schemata_list_is_no_schemata_and_survives_json() {
+    let mut s = base_spec();
+    adjust(
+        &mut s,
+        &adj(r#"{"linux": {"rdt": {"schemata": {"value": ["L3:0=f"]}}}}"#),
+    )
+    .unwrap();
+    adjust(&mut s, &adj(r#"{"linux": {"rdt": {"schemata": {"value": []}}}}"#)).unwrap();
+    let rdt = s.linux().as_ref().unwrap().intel_rdt().clone().unwrap();
+    assert_eq!(rdt.schemata(), &None);
+    let back: Spec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+    assert!(back == s, "the adjusted spec does not survive JSON");
+}
+
 #[test]
 fn hugepages_unified_pids_rdt_memory_policy() {
     let mut s = base_spec();
