@@ -132,7 +132,6 @@ impl Service {
                 .adjust(&mut spec, rsp.adjust.get_or_default())?;
             updates = rsp.update;
         }
-        // The systemd driver's CPU quota as runc rounds it (unit and file).
         if role != Role::Sandbox || defaulted_path || cdi_injected {
             bundle.write_spec(&spec)?;
             undo.config = Some(loaded.original);
