@@ -190,12 +190,6 @@ fn scopes_match_runc() {
             unit_property(&unit, "CPUWeight"),
             unit_property(&unit, "CPUQuotaPerSecUSec"),
         ];
-        let config: serde_json::Value =
-            serde_json::from_str(&read(&c.bundle(id).join("config.json"))).expect("config.json");
-        eprintln!(
-            "{runtime}: config.json linux.resources.cpu {}",
-            config["linux"]["resources"]["cpu"]
-        );
         assert!(dir.is_dir(), "{runtime}: no scope cgroup {}", dir.display());
         assert_eq!(unit_property(&unit, "ActiveState"), "active", "{runtime}: {unit}");
         let slice = unit_property(&unit, "Slice");
