@@ -157,6 +157,23 @@ pub fn resolve(cgroups_path: &Path) -> Result<PathBuf> {
     }
 }
 
+/// The cgroupsPath a container without one gets, written into its
+/// `config.json` so that libcontainer creates the cgroup the shim then
+/// reads, updates and removes (libcontainer's own default, `:youki:<id>`,
+/// is a directory of that literal name for the cgroupfs driver). With the
+/// systemd driver it is `system.slice:nri-shim:<id>`, the unit
+/// `nri-shim-<id>.scope` in `system.slice`, as runc makes
+/// `runc-<id>.scope` there for an empty path; otherwise the cgroupfs
+/// path `/nri-shim/<namespace>/<id>`. containerd always sets a path
+/// (`/<namespace>/<id>`, or CRI's); a bundle made by hand may not.
+pub fn default_path(namespace: &str, id: &str, systemd: bool) -> PathBuf {
+    if systemd {
+        PathBuf::from(format!("system.slice:nri-shim:{id}"))
+    } else {
+        PathBuf::from(format!("/nri-shim/{namespace}/{id}"))
+    }
+}
+
 /// runc's rules for the cgroup driver of a container, checked before it
 /// is created: with `SystemdCgroup = true` (`systemd`) systemd must run
 /// the host, the hierarchy must be pure cgroup v2 (libcgroups' systemd
@@ -650,6 +667,23 @@ mod tests {
             );
         let r = check_driver(Some(Path::new("k.slice:cri-containerd:c1")), true);
         assert_eq!(r.is_ok(), host_ok, "{r:?}");
+    }
+
+    #[test]
+    fn a_container_without_a_path_gets_runcs_systemd_default_or_ours() {
+        // systemd: the unit nri-shim-<id>.scope in system.slice, as runc's
+        // runc-<id>.scope for an empty path.
+        let p = default_path("k8s.io", "c1", true);
+        let s = SystemdPath::parse(&p).expect("systemd form");
+        assert_eq!(
+            (s.slice.as_str(), s.unit()),
+            ("system.slice", "nri-shim-c1.scope".to_string())
+        );
+        assert_eq!(resolve(&p).unwrap(), Path::new("/system.slice/nri-shim-c1.scope"));
+        // cgroupfs: per namespace under /nri-shim, never a systemd form.
+        let p = default_path("k8s.io", "c1", false);
+        assert_eq!(p, Path::new("/nri-shim/k8s.io/c1"));
+        assert!(SystemdPath::parse(&p).is_none());
     }
 
     #[test]

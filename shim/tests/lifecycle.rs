@@ -618,6 +618,50 @@ async fn r27_failed_create_is_fast_and_leaves_nothing() {
     f.nri.stop().await;
 }
 
+/// A spec without `linux.cgroupsPath` (a bundle made by hand; containerd
+/// always sets one): the container runs in the shim's default cgroup
+/// `/nri-shim/<namespace>/<id>`, which its `config.json` now names, so
+/// Task.Pids finds the init there, and delete removes it. libcontainer's
+/// own default was a directory literally named `:youki:<id>` that the
+/// shim never looked at: Task.Pids was empty and it stayed after delete.
+#[tokio::test(flavor = "current_thread")]
+async fn a_spec_without_a_cgroups_path_runs_in_the_shims_default_cgroup() {
+    let f = Fixture::new().await;
+    let id = format!("nocg{}", std::process::id());
+    let bundle = f.bundle(&id, &["/bin/sleep", "30"]);
+    let config = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    spec["linux"].as_object_mut().unwrap().remove("cgroupsPath");
+    std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let pid = f.create_bundle(&id, bundle.clone()).await.unwrap();
+    f.service.start("test", &id, "").await.unwrap();
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    let rel = format!("nri-shim/test/{id}");
+    assert_eq!(written["linux"]["cgroupsPath"], format!("/{rel}"));
+    let in_hierarchies = |rel: &str| -> Vec<PathBuf> {
+        let root = Path::new("/sys/fs/cgroup");
+        std::iter::once(root.to_path_buf())
+            .chain(
+                std::fs::read_dir(root)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|c| c.path()),
+            )
+            .map(|h| h.join(rel))
+            .filter(|d| d.is_dir())
+            .collect()
+    };
+    assert!(!in_hierarchies(&rel).is_empty(), "no cgroup {rel} in any hierarchy");
+    assert_eq!(in_hierarchies(&format!(":youki:{id}")), Vec::<PathBuf>::new());
+    assert_eq!(f.service.pids("test", &id).await.unwrap(), [pid]);
+    f.service.kill("test", &id, "", 9, false).await.unwrap();
+    f.service.wait("test", &id, "").await.unwrap();
+    f.service.delete("test", &id, "").await.unwrap();
+    assert_eq!(in_hierarchies(&rel), Vec::<PathBuf>::new(), "left after delete");
+    f.nri.stop().await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn r6_plugin_refusal_rolls_back_and_the_retry_succeeds() {
     let f = Fixture::new().await;

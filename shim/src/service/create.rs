@@ -42,6 +42,20 @@ struct Undo {
     runner_created: Option<PathBuf>,
 }
 
+/// Gives a spec without `linux.cgroupsPath` the shim's default
+/// ([`crate::cgroups::default_path`]), before NRI, so plugins see the path
+/// the container gets. Returns whether it set one.
+fn default_cgroups_path(spec: &mut oci_spec::runtime::Spec, ns: &str, id: &str, systemd: bool) -> bool {
+    let Some(linux) = spec.linux_mut().as_mut() else {
+        return false;
+    };
+    if linux.cgroups_path().is_some() {
+        return false;
+    }
+    linux.set_cgroups_path(Some(crate::cgroups::default_path(ns, id, systemd)));
+    true
+}
+
 impl Service {
     /// Creates a task: NRI adjusts the spec, the runner creates the
     /// container. On any failure nothing is left behind (no container
@@ -87,6 +101,7 @@ impl Service {
         let mut spec = loaded.spec;
         tracing::debug!(task = id, root = ?spec.root(), args = ?spec.process().as_ref().and_then(|p| p.args().clone()), "creating");
         let defaulted_path = bundle::default_path_env(&mut spec);
+        let defaulted_cgroup = default_cgroups_path(&mut spec, ns, id, options.systemd_cgroup);
         let Identity { role, pod, name } = nri::identify(ns, id, &spec);
         let cdi = self.cdi();
         // CDI requests of the spec's annotations, before NRI (plugins see
@@ -132,7 +147,7 @@ impl Service {
                 .adjust(&mut spec, rsp.adjust.get_or_default())?;
             updates = rsp.update;
         }
-        if role != Role::Sandbox || defaulted_path || cdi_injected {
+        if role != Role::Sandbox || defaulted_path || defaulted_cgroup || cdi_injected {
             bundle.write_spec(&spec)?;
             undo.config = Some(loaded.original);
         }
@@ -148,7 +163,9 @@ impl Service {
         crate::cgroups::check_unified(spec.linux().as_ref().and_then(|l| l.resources().as_ref()))?;
         let spec_cgroups_path = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
         crate::cgroups::check_driver(spec_cgroups_path.as_deref(), options.systemd_cgroup)?;
-        let cgroups_path = spec_cgroups_path.unwrap_or_else(|| PathBuf::from(format!("/nri-shim/{ns}/{id}")));
+        // Set above (a plugin can change the path, not remove it).
+        let cgroups_path =
+            spec_cgroups_path.unwrap_or_else(|| crate::cgroups::default_path(ns, id, options.systemd_cgroup));
         let stdio = StdioSpec {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
