@@ -75,13 +75,37 @@ fn unit_property(unit: &str, property: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// UpdateTaskRequest with `resources_json` to task `id`'s shim, at the
-/// address its shim wrote into the bundle (both shims write one), on task
-/// API v2 (runc's shim of containerd 1.6 serves no other).
+/// Where task `id`'s shim serves the task API and which version it
+/// speaks, as containerd found out: containerd 2.x keeps what the shim's
+/// `start` answered in the bundle's `bootstrap.json` (runc's 2.x shim
+/// then writes no `address` file and serves only task API v3); 1.x reads
+/// the bundle's `address` file and speaks task API v2.
+fn task_address(c: &Containerd, id: &str) -> (String, &'static str) {
+    let bundle = c.bundle(id);
+    match std::fs::read(bundle.join("bootstrap.json")) {
+        Ok(json) => {
+            let v: serde_json::Value = serde_json::from_slice(&json).expect("bootstrap.json is JSON");
+            let address = v["address"]
+                .as_str()
+                .expect("bootstrap.json has an address")
+                .to_string();
+            let service = match v["version"].as_u64() {
+                Some(3) => "containerd.task.v3.Task",
+                Some(2) => "containerd.task.v2.Task",
+                other => panic!("bootstrap.json of {id}: task API version {other:?}"),
+            };
+            (address, service)
+        }
+        Err(_) => (read(&bundle.join("address")), "containerd.task.v2.Task"),
+    }
+}
+
+/// UpdateTaskRequest with `resources_json` to task `id`'s shim, where and
+/// in the task API version containerd speaks to it ([`task_address`]).
 fn update(c: &Containerd, id: &str, resources_json: &str) {
     use containerd_shim_protos::api;
     use protobuf::Message;
-    let address = read(&c.bundle(id).join("address"));
+    let (address, service) = task_address(c, id);
     let req = api::UpdateTaskRequest {
         id: id.into(),
         resources: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
@@ -103,7 +127,7 @@ fn update(c: &Containerd, id: &str, resources_json: &str) {
         let mut ctx = ttrpc::context::with_timeout(60_000_000_000);
         ctx.add("containerd-namespace-ttrpc".into(), "default".into());
         let call = ttrpc::proto::Request {
-            service: "containerd.task.v2.Task".into(),
+            service: service.into(),
             method: "Update".into(),
             timeout_nano: ctx.timeout_nano,
             metadata: ttrpc::context::to_pb(ctx.metadata),
