@@ -79,9 +79,9 @@ problems=()
 grep -q '^== cgroup: cgroup2fs ' "$log" || problems+=("the VM's /sys/fs/cgroup is not cgroup2 (or the VM did not run)")
 declare -A known=()
 for e in "${KNOWN_V2_DIVERGENCES[@]}"; do known[${e%%|*}]=${e#*|}; done
-section() { # the lines of suite $1
+section() { # the lines of suite $1 in log $2 (the first VM's by default)
     awk -v s="$1" '$0 ~ "^== suite " s "( |$)" && $0 !~ " exit " {on=1; next}
-                   $0 ~ "^== suite " s " exit " {on=0} on' "$log"
+                   $0 ~ "^== suite " s " exit " {on=0} on' "${2:-$log}"
 }
 passed=0
 known_failed=()
@@ -116,8 +116,7 @@ grep -q '^== cgroup: cgroup2fs ' "$sd_log" || problems+=("the systemd variant's 
 for arg in "${sd_suites[@]}"; do
     name=${arg%%=*}
     sd_status=$(sed -n "s/^== suite $name exit //p" "$sd_log")
-    sd_out=$(awk -v s="$name" '$0 ~ "^== suite " s "( |$)" && $0 !~ " exit " {on=1; next}
-                               $0 ~ "^== suite " s " exit " {on=0} on' "$sd_log")
+    sd_out=$(section "$name" "$sd_log")
     passed=$((passed + $(echo "$sd_out" | grep -cE '^test [^ ]+ \.\.\. ok$' || true)))
     if [ "$sd_status" != 0 ] || ! echo "$sd_out" | grep -q '^test result: ok'; then
         problems+=("systemd variant: suite $name exited with status ${sd_status:-none}:

@@ -255,17 +255,27 @@ fn cgroup_rel(id: &str) -> String {
     format!("nri-shim-test/{}-{id}", std::process::id())
 }
 
-/// Whether task `id`'s cgroup is left anywhere: in the v2 hierarchy or in
-/// any v1 controller's (and a hybrid host's `unified`).
+/// Whether task `id`'s cgroup is left anywhere (see [`cgroups_named`]).
 fn cgroup_exists(id: &str) -> bool {
-    let rel = cgroup_rel(id);
+    !cgroups_named(&cgroup_rel(id)).is_empty()
+}
+
+/// The directories `rel` (relative to a hierarchy's root) names that
+/// exist: in the v2 hierarchy or in any v1 controller's (and a hybrid
+/// host's `unified`).
+fn cgroups_named(rel: &str) -> Vec<PathBuf> {
     let root = Path::new("/sys/fs/cgroup");
-    root.join(&rel).is_dir()
-        || std::fs::read_dir(root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|c| c.path().join(&rel).is_dir())
+    std::iter::once(root.to_path_buf())
+        .chain(
+            std::fs::read_dir(root)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|c| c.path()),
+        )
+        .map(|h| h.join(rel))
+        .filter(|d| d.is_dir())
+        .collect()
 }
 
 /// Freezes task `id`'s cgroup behind the service's back: the v1 freezer's
@@ -638,27 +648,13 @@ async fn a_spec_without_a_cgroups_path_runs_in_the_shims_default_cgroup() {
     let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
     let rel = format!("nri-shim/test/{id}");
     assert_eq!(written["linux"]["cgroupsPath"], format!("/{rel}"));
-    let in_hierarchies = |rel: &str| -> Vec<PathBuf> {
-        let root = Path::new("/sys/fs/cgroup");
-        std::iter::once(root.to_path_buf())
-            .chain(
-                std::fs::read_dir(root)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|c| c.path()),
-            )
-            .map(|h| h.join(rel))
-            .filter(|d| d.is_dir())
-            .collect()
-    };
-    assert!(!in_hierarchies(&rel).is_empty(), "no cgroup {rel} in any hierarchy");
-    assert_eq!(in_hierarchies(&format!(":youki:{id}")), Vec::<PathBuf>::new());
+    assert!(!cgroups_named(&rel).is_empty(), "no cgroup {rel} in any hierarchy");
+    assert_eq!(cgroups_named(&format!(":youki:{id}")), Vec::<PathBuf>::new());
     assert_eq!(f.service.pids("test", &id).await.unwrap(), [pid]);
     f.service.kill("test", &id, "", 9, false).await.unwrap();
     f.service.wait("test", &id, "").await.unwrap();
     f.service.delete("test", &id, "").await.unwrap();
-    assert_eq!(in_hierarchies(&rel), Vec::<PathBuf>::new(), "left after delete");
+    assert_eq!(cgroups_named(&rel), Vec::<PathBuf>::new(), "left after delete");
     f.nri.stop().await;
 }
 
