@@ -15,6 +15,7 @@ if [ -n "${NRI_CONTAINERD:-}" ] && [ "$NRI_CONTAINERD" != 1.6 ]; then
     . scripts/lib/containerd-versions.sh
     nri_containerd_versions
 fi
+nri_patch_crates
 if [ -z "${NRI_SHIM_BIN:-}" ]; then
     cargo build --profile dist --locked -q -p nri-shim
     export NRI_SHIM_BIN=$PWD/target/dist/containerd-shim-nri-shim-v2

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
 N=${1:-20}
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static bc
+nri_patch_crates
 cargo build --profile dist --locked -q -p nri-shim -p nri-adjuster -p nri-logger
 
 median_run() { # DIR RUNTIME LABEL

@@ -42,6 +42,7 @@ if ! "$tools/bin/cargo-fuzz" --version 2>/dev/null | grep -qx "cargo-fuzz $cargo
     cargo install --locked --quiet "cargo-fuzz@$cargo_fuzz_version" --root "$tools"
 fi
 # cargo-fuzz has no --locked: check that fuzz/Cargo.lock needs no change.
+nri_patch_crates
 cargo metadata --locked --format-version 1 --manifest-path fuzz/Cargo.toml >/dev/null
 # Debug assertions: integer overflows are findings too.
 mkdir -p "$runs"

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 # The integration crate's CRI client (k8s-cri) runs `protoc` at build time.
 nri_need_packages protobuf-compiler
 
+nri_patch_crates
 cargo build --release --locked -p nri-replay -p integration
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT

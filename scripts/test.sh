@@ -20,6 +20,9 @@ nri_need_packages runc containernetworking-plugins iproute2 protobuf-compiler ip
 nri_need_packages curl
 nri_containerd_versions
 
+nri_patch_crates
+# The assembly itself: a patch that no longer applies, edits kept, pins.
+python3 scripts/tests/patch_crates_test.py
 cargo test --workspace --locked --no-fail-fast
 # The containerd tests, the CRI lane and the node-safety tests (containerd
 # restarts, config reloads, in-place upgrades) again on each containerd

@@ -16,6 +16,16 @@ nri_need_packages() {
     fi
 }
 
+# nri_patch_crates: assembles the crates.io packages the workspace builds
+# with our patch files (scripts/patch-crates.py, patches/*/PATCHES.md);
+# every script runs it before its first cargo command. Nothing to do (well
+# under a second) when they are already assembled.
+nri_patch_crates() {
+    command -v python3 >/dev/null 2>&1 || nri_need_packages python3
+    command -v git >/dev/null 2>&1 || nri_need_packages git
+    "$(dirname "${BASH_SOURCE[0]}")/../patch-crates.py"
+}
+
 # nri_busybox_rootfs DIR
 nri_busybox_rootfs() {
     local r=$1

@@ -31,6 +31,7 @@ KNOWN_V2_DIVERGENCES=()
 lane_start=$(date +%s)
 # (scripts/vm/run.sh installs qemu.)
 nri_need_packages pkg-config libseccomp-dev containerd runc busybox-static
+nri_patch_crates
 echo "== cgroup v2 lane: the test build (cargo test --workspace --no-run, what scripts/test.sh built)"
 build=$(cargo test --workspace --locked --no-run --message-format=json)
 exe() { # the executable of test target $1
