@@ -332,7 +332,7 @@ impl Default for CdiConfig {
     }
 }
 
-/// The `[metrics]` table (see [`crate::metrics`]).
+/// The `[metrics]` table (see [`crate::node::metrics`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {

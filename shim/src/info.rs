@@ -317,7 +317,7 @@ pub fn features(kernel: &Kernel) -> OciFeatures {
         .oci_version_min("1.0.0")
         .oci_version_max(oci_spec::runtime::VERSION)
         .hooks(
-            crate::bundle::OCI_HOOKS
+            crate::container::bundle::OCI_HOOKS
                 .iter()
                 .map(|s| s.to_string())
                 .collect::<Vec<_>>(),

@@ -17,10 +17,13 @@ pub fn libcontainer_root(daemon_dir: &Path) -> PathBuf {
 /// The console socket of task `ns/id`'s init (a terminal's pty master is
 /// received there).
 pub fn init_console(daemon_dir: &Path, ns: &str, id: &str) -> PathBuf {
-    daemon_dir.join(format!("{}.console", crate::service::short_hash(&format!("{ns}/{id}"))))
+    daemon_dir.join(format!(
+        "{}.console",
+        crate::task::service::short_hash(&format!("{ns}/{id}"))
+    ))
 }
 
-/// The NRI audit records of the daemon's tasks (see [`crate::audit`]).
+/// The NRI audit records of the daemon's tasks (see [`crate::task::audit`]).
 pub fn audit_dir(daemon_dir: &Path) -> PathBuf {
     daemon_dir.join("audit")
 }

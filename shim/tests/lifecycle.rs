@@ -13,11 +13,11 @@ use std::{
 use containerd_shim_protos::api as task_api;
 use nri_adaptation::{Adaptation, api};
 use nri_shim::{
-    bundle::EXIT_STATUS_FILE,
+    container::bundle::EXIT_STATUS_FILE,
+    container::runner::HelperRunner,
     error::chain,
-    events::{MemorySink, topics},
-    runner::HelperRunner,
-    service::Service,
+    task::events::{MemorySink, topics},
+    task::service::Service,
 };
 use nri_stub::{BoxError, EventMask, Plugin};
 
@@ -144,7 +144,7 @@ impl Fixture {
     async fn new() -> Fixture {
         common::remove_cgroup_at_exit("nri-shim-test");
         // As the daemon: container processes re-parent to us when helpers exit.
-        nri_shim::monitor::set_subreaper().unwrap();
+        nri_shim::task::monitor::set_subreaper().unwrap();
         // The tests' shared parent cgroup exists before any create: on
         // cgroup v2 libcgroups creates each level with a plain mkdir and
         // fails with EEXIST when two parallel creates make the same parent.

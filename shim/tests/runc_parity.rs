@@ -18,7 +18,7 @@ use std::{
 };
 
 use containerd_shim_protos::api as task_api;
-use nri_shim::{error::ShimError, events::MemorySink, runner::HelperRunner, service::Service};
+use nri_shim::{container::runner::HelperRunner, error::ShimError, task::events::MemorySink, task::service::Service};
 use serde_json::{Value, json};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-nri-shim-v2");
@@ -133,7 +133,7 @@ struct Shim {
 impl Shim {
     fn new() -> Shim {
         // As the daemon: container processes re-parent to us when helpers exit.
-        nri_shim::monitor::set_subreaper().unwrap();
+        nri_shim::task::monitor::set_subreaper().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         let service = Service::new(

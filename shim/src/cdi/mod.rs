@@ -22,6 +22,9 @@
 //! Every error names the device and, where there is one, the spec file.
 //! Nothing is applied unless every requested device resolves: the spec is
 //! unchanged on error.
+//!
+//! Pure code over the OCI spec and the CDI spec files: may use only
+//! `container::bundle`'s hook names; the task code calls it.
 
 mod edits;
 pub mod spec;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::bundle::OCI_HOOKS;
+use crate::container::bundle::OCI_HOOKS;
 
 /// The highest CDI spec version understood (`cdiVersion`).
 pub const MAX_VERSION: (u64, u64) = (1, 1);
@@ -174,7 +174,7 @@ impl SpecFile {
 }
 
 impl ContainerEdits {
-    /// Checks what [`super::edits`] relies on: `NAME=value` env, absolute
+    /// Checks what `super::edits` relies on: `NAME=value` env, absolute
     /// paths, known hook names and device types.
     ///
     /// # Errors

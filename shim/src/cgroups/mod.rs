@@ -1,0 +1,383 @@
+//! A running container's cgroup: resource updates, statistics in
+//! containerd's format, freeze/thaw, member pids, OOM kills. Blocking file
+//! I/O: the daemon reaches it through [`Cgroup::off_runtime`]. The forms of
+//! `linux.cgroupsPath` and the driver rules are in [`path`], the metrics in
+//! [`metrics`] (v1) and [`v2`], the runtime options that pick the driver
+//! in [`options`]. May use only `error` and `container::runner::Target`.
+
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt, FreezerState};
+use oci_spec::runtime::LinuxResources;
+
+pub mod metrics;
+pub mod options;
+pub mod path;
+pub mod v2;
+
+pub use metrics::Metrics;
+use metrics::{ns_per_tick, to_metrics};
+pub use path::{SystemdPath, check_driver, check_unified, default_path, resolve, systemd_booted};
+
+use crate::{
+    container::runner::Target,
+    error::{Result, ShimError},
+};
+
+/// Where the host's cgroup hierarchy is mounted (libcgroups' root): the
+/// unified (v2) hierarchy itself, or the parent of the v1 controllers.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// How long [`Cgroup::remove`] waits for killed processes to leave.
+pub const REMOVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The cgroup of one container.
+pub struct Cgroup {
+    /// The cgroup's path in the hierarchy (a systemd scope's resolved).
+    path: PathBuf,
+    /// The cgroup's files (libcgroups' v1 or v2 file-system manager).
+    manager: AnyCgroupManager,
+    /// The spec's `slice:prefix:name`, for a container of the systemd
+    /// driver: updates and removal then go through systemd too.
+    systemd: Option<SystemdPath>,
+}
+
+fn err(what: &str, path: &Path, e: impl std::fmt::Display) -> ShimError {
+    ShimError::Runtime(format!("cgroup {}: {what}: {e}", path.display()))
+}
+
+impl Cgroup {
+    /// The cgroup at `cgroups_path` (as in the OCI spec): for a systemd
+    /// `slice:prefix:name`, its unit's cgroup (see [`resolve`]), read and
+    /// written as files like any other, updated and removed through
+    /// systemd too.
+    ///
+    /// # Errors
+    /// When the cgroup setup cannot be detected, or a systemd path has an
+    /// invalid slice.
+    pub fn open(cgroups_path: &Path, id: &str) -> Result<Cgroup> {
+        let systemd = SystemdPath::parse(cgroups_path);
+        let path = resolve(cgroups_path)?;
+        let manager = libcgroups::common::create_cgroup_manager(CgroupConfig {
+            cgroup_path: path.clone(),
+            systemd_cgroup: false,
+            container_name: id.to_string(),
+        })
+        .map_err(|e| err("open", &path, e))?;
+        Ok(Cgroup { path, manager, systemd })
+    }
+
+    /// libcgroups' systemd manager of the unit (a D-Bus connection to
+    /// systemd, its private socket when no bus daemon runs).
+    fn systemd_manager(&self, s: &SystemdPath) -> Result<AnyCgroupManager> {
+        let spec_path = format!("{}:{}:{}", s.slice, s.prefix, s.name);
+        libcgroups::common::create_cgroup_manager(CgroupConfig {
+            cgroup_path: PathBuf::from(&spec_path),
+            systemd_cgroup: true,
+            container_name: s.name.clone(),
+        })
+        .map_err(|e| err(&format!("systemd unit {}", s.unit()), &self.path, e))
+    }
+
+    /// Opens the cgroup of `target` and runs `f` on it on a blocking
+    /// thread: cgroup access is file I/O and must not stall the daemon's
+    /// single async thread.
+    ///
+    /// # Errors
+    /// [`Cgroup::open`]'s error, `f`'s, or [`ShimError::Runtime`] if `f`
+    /// panicked.
+    pub async fn off_runtime<T: Send + 'static>(
+        target: Target<'_>,
+        f: impl FnOnce(&Cgroup) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (path, id) = (target.cgroups_path.to_path_buf(), target.id.to_string());
+        tokio::task::spawn_blocking(move || Cgroup::open(&path, &id).and_then(|c| f(&c)))
+            .await
+            .map_err(|e| ShimError::Runtime(format!("cgroup {}: {e}", target.cgroups_path.display())))?
+    }
+
+    /// Applies `resources` (only what they set).
+    ///
+    /// # Errors
+    /// A controller refused a value.
+    ///
+    /// A systemd unit's cgroup is updated as runc's systemd driver does
+    /// it: the unit's properties first (`MemoryMax`, `CPUWeight`, ...:
+    /// systemd writes them and keeps them across a daemon reload), then
+    /// the files themselves.
+    pub fn update(&self, resources: &LinuxResources) -> Result<()> {
+        check_unified(Some(resources))?;
+        let opt = ControllerOpt {
+            resources,
+            disable_oom_killer: resources
+                .memory()
+                .as_ref()
+                .and_then(|m| m.disable_oom_killer())
+                .unwrap_or(false),
+            oom_score_adj: None,
+            freezer_state: None,
+        };
+        if let Some(s) = &self.systemd {
+            self.systemd_manager(s)?
+                .apply(&opt)
+                .map_err(|e| err(&format!("update systemd unit {}", s.unit()), &self.path, e))?;
+        }
+        self.manager.apply(&opt).map_err(|e| err("update", &self.path, e))?;
+        self.apply_runc_v2_rules(resources)
+    }
+
+    /// On cgroup v2, the files runc writes for `resources` that libcgroups
+    /// leaves out or writes otherwise (see `runc_v2_writes`); after
+    /// libcgroups' own writes, at create and at every update. Nothing on
+    /// v1.
+    ///
+    /// # Errors
+    /// A file could not be written (naming it and the value); a
+    /// `memory.swap.max` the kernel does not have (no swap accounting) is
+    /// skipped, as runc does.
+    pub fn apply_runc_v2_rules(&self, resources: &LinuxResources) -> Result<()> {
+        if !matches!(self.manager, AnyCgroupManager::V2(_)) {
+            return Ok(());
+        }
+        let dir = self.v2_dir();
+        for (file, value) in runc_v2_writes(resources, self.systemd.is_some()) {
+            match std::fs::write(dir.join(file), &value) {
+                Ok(()) => {}
+                Err(e) if file == "memory.swap.max" && e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(ShimError::io(
+                        format!("cgroup {}: write {file} = {value}", dir.display()),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the cgroup's directories, killing what still runs in them.
+    ///
+    /// libcgroups SIGKILLs the processes and gives them about 100 ms to
+    /// leave before its `rmdir` fails with EBUSY; a process killed on a
+    /// loaded node can take longer to exit (freeing its memory), and the
+    /// cgroup was then left behind. So a failed attempt is repeated (each
+    /// one kills again) until the cgroup is gone or [`REMOVE_PATIENCE`]
+    /// has passed, as runc's shim too retries the removal.
+    ///
+    /// # Errors
+    /// A directory still could not be removed after [`REMOVE_PATIENCE`].
+    ///
+    /// A systemd unit is stopped first (systemd kills what is left and
+    /// removes its cgroup; a scope whose processes all exited is gone
+    /// already); then its cgroup is waited for, and removed here if
+    /// systemd left it.
+    pub fn remove(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + REMOVE_PATIENCE;
+        if let Some(s) = &self.systemd
+            && systemd_booted()
+        {
+            let dir = self.v2_dir();
+            if dir.exists() {
+                self.systemd_manager(s)?
+                    .remove()
+                    .map_err(|e| err(&format!("stop systemd unit {}", s.unit()), &self.path, e))?;
+            }
+            while dir.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        loop {
+            match self.manager.remove() {
+                Ok(()) => return Ok(()),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(err("remove", &self.path, e)),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Freezes or thaws every process.
+    ///
+    /// # Errors
+    /// The freezer failed.
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        let state = if frozen {
+            FreezerState::Frozen
+        } else {
+            FreezerState::Thawed
+        };
+        self.manager.freeze(state).map_err(|e| err("freeze", &self.path, e))
+    }
+
+    /// Every pid in the cgroup.
+    ///
+    /// # Errors
+    /// The cgroup cannot be read.
+    pub fn pids(&self) -> Result<Vec<i32>> {
+        self.manager
+            .get_all_pids()
+            .map(|v| v.into_iter().map(|p| p.as_raw()).collect())
+            .map_err(|e| err("pids", &self.path, e))
+    }
+
+    /// Statistics in the containerd metrics type of the hierarchy, as
+    /// runc's shim sends them: cgroup v1 `Metrics` on v1 (and hybrid),
+    /// [`crate::cgroups::v2`]'s v2 `Metrics` on a pure cgroup v2 host.
+    ///
+    /// # Errors
+    /// The cgroup cannot be read.
+    pub fn metrics(&self) -> Result<Metrics> {
+        match &self.manager {
+            AnyCgroupManager::V1(_) => {
+                let s = self.manager.stats().map_err(|e| err("stats", &self.path, e))?;
+                Ok(Metrics::V1(to_metrics(&s, ns_per_tick())))
+            }
+            AnyCgroupManager::V2(_) | AnyCgroupManager::Systemd(_) => crate::cgroups::v2::metrics(&self.v2_dir())
+                .map(Metrics::V2)
+                .map_err(|e| err("stats", &self.path, e)),
+        }
+    }
+
+    /// The cgroup's directory in a pure cgroup v2 hierarchy.
+    fn v2_dir(&self) -> PathBuf {
+        Path::new(CGROUP_ROOT).join(self.path.strip_prefix("/").unwrap_or(&self.path))
+    }
+
+    /// Number of OOM kills recorded by the memory controller (v1
+    /// `memory.oom_control`, v2 `memory.events`), when readable.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let rel = self.path.strip_prefix("/").unwrap_or(&self.path);
+        let candidates = [
+            Path::new(CGROUP_ROOT)
+                .join("memory")
+                .join(rel)
+                .join("memory.oom_control"),
+            self.v2_dir().join("memory.events"),
+        ];
+        candidates.iter().find_map(|file| {
+            let text = std::fs::read_to_string(file).ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        })
+    }
+}
+
+/// The cgroup v2 files runc 1.1 (this node's runc) writes for `resources`
+/// that libcgroups 0.7 does not write, or writes another value to:
+///
+/// - `memory.swap.max = 0` when the swap limit equals the memory limit
+///   (OCI's swap is memory plus swap, so no swap at all; CRI sets it so
+///   for every container with a memory limit): libcgroups computes the v2
+///   value 0 and then skips writing it, leaving `max`.
+/// - `cpu.weight` from `cpu.shares` by runc's linear map of the v1 range
+///   [2, 262144] onto [1, 10000]: `1 + (shares - 2) * 9999 / 262142`
+///   (512 → 20, 1024 → 39). libcgroups uses a later, logarithmic formula
+///   (512 → 59); containers must get the weights kubelet's shares give
+///   them under runc on the same node.
+///
+/// - For a systemd unit (`systemd`), `cpu.max` as the quota and period
+///   are (`<quota|max>[ <period>]`): runc's systemd driver writes every
+///   file itself after starting the unit, and the unit's
+///   `CPUQuotaPerSecUSec`, which systemd writes to `cpu.max`, is rounded
+///   up to whole percents of a CPU (12345/100000 µs becomes 13000);
+///   libcontainer's systemd manager leaves the file as systemd wrote it.
+///
+/// A key the spec's `unified` map sets itself is left to it (runc writes
+/// `unified` last, so it wins there too).
+fn runc_v2_writes(resources: &LinuxResources, systemd: bool) -> Vec<(&'static str, String)> {
+    let unified = |k: &str| resources.unified().as_ref().is_some_and(|u| u.contains_key(k));
+    let mut out = Vec::new();
+    if let Some(mem) = resources.memory()
+        && let (Some(limit), Some(swap)) = (mem.limit(), mem.swap())
+        && limit > 0
+        && swap == limit
+        && !unified("memory.swap.max")
+    {
+        out.push(("memory.swap.max", "0".to_string()));
+    }
+    if let Some(shares) = resources.cpu().as_ref().and_then(|c| c.shares())
+        && shares != 0
+        && !unified("cpu.weight")
+    {
+        let shares = shares.clamp(2, 262_144);
+        out.push(("cpu.weight", (1 + (shares - 2) * 9999 / 262_142).to_string()));
+    }
+    if systemd
+        && let Some(cpu) = resources.cpu()
+        && (cpu.quota().unwrap_or(0) != 0 || cpu.period().unwrap_or(0) != 0)
+        && !unified("cpu.max")
+    {
+        let mut max = match cpu.quota() {
+            Some(q) if q > 0 => q.to_string(),
+            _ => "max".to_string(),
+        };
+        if let Some(period) = cpu.period().filter(|p| *p != 0) {
+            max = format!("{max} {period}");
+        }
+        out.push(("cpu.max", max));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resources(json: serde_json::Value) -> LinuxResources {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn swap_equal_to_the_limit_disables_swap_as_runc_does() {
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 27}}));
+        assert_eq!(runc_v2_writes(&r, false), [("memory.swap.max", "0".to_string())]);
+        // More swap than memory is libcgroups' own (swap - limit), and so
+        // is no swap limit at all.
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 28}}));
+        assert_eq!(runc_v2_writes(&r, false), []);
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27}}));
+        assert_eq!(runc_v2_writes(&r, false), []);
+        let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 27},
+            "unified": {"memory.swap.max": "1000"}}));
+        assert_eq!(runc_v2_writes(&r, false), []);
+    }
+
+    #[test]
+    fn a_systemd_units_cpu_max_is_the_exact_quota_as_runc_writes_it() {
+        let max = |cpu: serde_json::Value, systemd: bool| {
+            let r = resources(serde_json::json!({ "cpu": cpu }));
+            runc_v2_writes(&r, systemd)
+                .into_iter()
+                .find(|(f, _)| *f == "cpu.max")
+                .map(|(_, v)| v)
+        };
+        let q = serde_json::json!({"quota": 12345, "period": 100_000});
+        assert_eq!(max(q.clone(), true).as_deref(), Some("12345 100000"));
+        // cgroupfs: libcgroups writes cpu.max itself.
+        assert_eq!(max(q, false), None);
+        assert_eq!(max(serde_json::json!({"quota": 12345}), true).as_deref(), Some("12345"));
+        assert_eq!(
+            max(serde_json::json!({"quota": -1, "period": 50_000}), true).as_deref(),
+            Some("max 50000")
+        );
+        assert_eq!(max(serde_json::json!({"shares": 512}), true), None);
+        let r = resources(serde_json::json!({"cpu": {"quota": 12345}, "unified": {"cpu.max": "max"}}));
+        assert!(runc_v2_writes(&r, true).iter().all(|(f, _)| *f != "cpu.max"));
+    }
+
+    #[test]
+    fn shares_become_runc_weights() {
+        let weight = |shares: u64| {
+            let r = resources(serde_json::json!({"cpu": {"shares": shares}}));
+            runc_v2_writes(&r, false)
+                .into_iter()
+                .find(|(f, _)| *f == "cpu.weight")
+                .map(|(_, v)| v)
+        };
+        // runc 1.1.5 in the cgroup v2 VM: 512 → 20 (libcgroups gave 59).
+        assert_eq!(weight(512).as_deref(), Some("20"));
+        assert_eq!(weight(1024).as_deref(), Some("39"));
+        assert_eq!(weight(2).as_deref(), Some("1"));
+        assert_eq!(weight(262_144).as_deref(), Some("10000"));
+        assert_eq!(weight(1).as_deref(), Some("1"));
+        assert_eq!(weight(0), None);
+    }
+}
