@@ -15,12 +15,12 @@ use crate::{
     builder::Builtin,
     callbacks::Callbacks,
     config::Options,
-    dispatch::{CreateReport, Dispatch, Evictions},
     error::Error,
     known::Known,
     registry::Registry,
-    socket::Listener,
-    sync::{self, PluginSyncBlock},
+    registry::dispatch::{CreateReport, Dispatch, Evictions},
+    registry::socket::Listener,
+    registry::sync::{self, PluginSyncBlock},
 };
 
 /// The runtime side of NRI.

@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 
-use crate::{Adaptation, config::Options, error::Error, launch, plugin::PluginOrigin, sync};
+use crate::{Adaptation, config::Options, error::Error, plugin::PluginOrigin, registry::launch, registry::sync};
 
 /// What [`Adaptation::reconfigure`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -39,7 +39,7 @@ pub use self::{
     keyed::{removal_key, upsert},
     table::FIELDS,
 };
-use crate::{owners::Records, result::MergeError, spec::AdjustError};
+use crate::{result::MergeError, result::owners::Records, spec::AdjustError};
 
 mod keyed;
 mod table;

@@ -34,9 +34,10 @@
 use nri_proto::api::{self, Field};
 
 pub use self::{create::CreateResult, update::UpdateResult};
-use crate::owners::{FieldTable, Owners};
+use crate::result::owners::{FieldTable, Owners};
 
 mod create;
+pub(crate) mod owners;
 mod update;
 
 /// Conflicting or disallowed plugin adjustments.

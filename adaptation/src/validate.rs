@@ -10,10 +10,10 @@ use nri_proto::api::{self, Event, Field, security_profile::ProfileType};
 
 use crate::{
     error::{Error, ValidationError},
-    owners::Owners,
     plugin::Plugin,
     registry::Registry,
     result::PendingOwners,
+    result::owners::Owners,
 };
 
 /// Name of the built-in validator's plugin record (`IDX-NAME`).

@@ -72,7 +72,7 @@ pub(crate) struct LaunchedIdentity {
     pub base: String,
     pub config: String,
     pub path: std::path::PathBuf,
-    pub child: crate::launch::PluginProcess,
+    pub child: crate::registry::launch::PluginProcess,
 }
 
 /// Why a connection never became a usable plugin.
@@ -283,7 +283,7 @@ impl Plugin {
                     if let Some(status) = l.child.exit_status(EXIT_WAIT).await {
                         return Err(HandshakeError::Exited {
                             during: "registration",
-                            status: crate::launch::describe_exit(status),
+                            status: crate::registry::launch::describe_exit(status),
                         });
                     }
                 }

@@ -25,7 +25,7 @@ pub use handshake::HandshakeError;
 pub(crate) use handshake::{HandshakeParams, Host, LaunchedIdentity};
 use link::Link;
 
-use crate::{config::FailurePolicy, error::PluginError, launch::PluginProcess, observe::Outcome};
+use crate::{config::FailurePolicy, error::PluginError, observe::Outcome, registry::launch::PluginProcess};
 
 /// How a plugin came to be connected.
 #[derive(Debug, Clone)]
@@ -163,7 +163,7 @@ impl Plugin {
             if let Some(status) = child.exit_status(handshake::EXIT_WAIT).await {
                 return HandshakeError::Exited {
                     during,
-                    status: crate::launch::describe_exit(status),
+                    status: crate::registry::launch::describe_exit(status),
                 };
             }
         }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use nri_proto::api::Field;
 
-use crate::{owners::Records, result::MergeError};
+use crate::{result::MergeError, result::owners::Records};
 
 /// The key a `-key` entry removes (`None` for a plain key or a bare `-`).
 pub fn removal_key(key: &str) -> Option<&str> {

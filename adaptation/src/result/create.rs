@@ -10,8 +10,8 @@ use super::{
     Finished, MergeError, PendingOwners, empty_adjustment, env_key, normalize_container, update::Updates, with_created,
 };
 use crate::{
-    owners::{FieldTable, Owners, Records},
     resources::{self, Keyed, Rules, removal_key},
+    result::owners::{FieldTable, Owners, Records},
     spec::canonical_rlimit_type,
 };
 

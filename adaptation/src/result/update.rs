@@ -6,8 +6,8 @@ use protobuf::MessageField;
 
 use super::MergeError;
 use crate::{
-    owners::Owners,
     resources::{self, Rules},
+    result::owners::Owners,
 };
 
 /// Merged container updates, in first-touch order.

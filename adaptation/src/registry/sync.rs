@@ -20,10 +20,10 @@ use nri_proto::api;
 use crate::{
     adaptation::Inner,
     error::{BoxError, Error, PluginError},
-    launch,
     observe::{Outcome, Rejection},
     permissions::{self, PermissionError},
     plugin::{HandshakeParams, Host, LaunchedIdentity, Plugin},
+    registry::launch,
 };
 
 /// Why a plugin's Synchronize failed.

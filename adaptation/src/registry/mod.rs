@@ -1,6 +1,15 @@
 //! The plugin table: active plugins in invocation order (index, then
 //! name), the `IDX-NAME`s taken by registered or registering plugins, and
-//! removal of a plugin whose connection went away.
+//! removal of a plugin whose connection went away. Around it: how plugins
+//! join ([`launch`] of pre-installed ones, the [`socket`] external ones
+//! dial, [`sync`] on joining) and how one runtime request reaches them
+//! ([`dispatch`]). May use `plugin`, `result`, `validate`, `known` and the
+//! crate's API types; the [`crate::Adaptation`] drives it.
+
+pub(crate) mod dispatch;
+pub(crate) mod launch;
+pub(crate) mod socket;
+pub(crate) mod sync;
 
 use std::{
     collections::HashSet,
