@@ -715,7 +715,7 @@ async fn update(cri: &Cri, h: &'static str) -> Vec<String> {
         read("memory", memory),
         read("cpu", cpu)
     )];
-    // Through `cri-update`, the command the README gives for it.
+    // Through `cri-update`, the command docs/operator-guide.md gives for it.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_cri-update"))
         .arg("--address")
         .arg(&cri.sock)

@@ -352,8 +352,9 @@ fn a_file_at_the_socket_path_is_refused_and_kept() {
 }
 
 /// The template plugin a new author copies (plugins/template) runs as a
-/// pre-installed plugin under nri-replay, as the README's "Writing a
-/// plugin" shows: its drop-in configuration names the env var it adds.
+/// pre-installed plugin under nri-replay, as docs/plugin-authors.md's
+/// "Test it with nri-replay" shows: its drop-in configuration names the env
+/// var it adds.
 #[test]
 fn the_template_plugin_adjusts_under_nri_replay() {
     let template = Path::new(REPLAY).with_file_name("nri-plugin-template");

@@ -10,7 +10,8 @@
 //! Run it by hand against a runtime's socket
 //! (`nri-plugin-template --socket-path /var/run/nri/nri.sock`), or install
 //! it as `<plugin_path>/50-template` for the runtime to launch; test it
-//! with nri-replay (see the README's "Writing a plugin").
+//! with nri-replay (see nri-shim's docs/plugin-authors.md, "Test it with
+//! nri-replay").
 
 use std::sync::Mutex;
 
