@@ -1,6 +1,6 @@
 //! Writes the seed corpora (`fuzz/corpus/<target>/seed-*`) from the
 //! repository's fixtures: the busybox spec, the scenarios' pods and
-//! containers, the adjuster's example rules, the README's shim config.
+//! containers, the adjuster's example rules, the operator guide's shim config.
 //! Messages are encoded by the real encoders (protobuf, ttrpc header, mux
 //! frame layout). Run from the repository root:
 //! `cargo run --manifest-path fuzz/Cargo.toml --example seeds`.
@@ -435,16 +435,16 @@ fn adjust_seeds() {
 }
 
 fn config_seeds() {
-    let readme = fs::read_to_string("README.md").unwrap();
+    let guide = fs::read_to_string("docs/operator-guide.md").unwrap();
     let mut n = 0;
-    let mut rest = readme.as_str();
+    let mut rest = guide.as_str();
     while let Some(start) = rest.find("```toml\n") {
         let body = &rest[start + 8..];
         let end = body.find("```").expect("closed block");
         let block = &body[..end];
         if block.contains("[nri") || block.contains("[shim]") {
             n += 1;
-            write("shim_config", &format!("readme-{n}"), block.as_bytes());
+            write("shim_config", &format!("guide-{n}"), block.as_bytes());
         }
         rest = &body[end..];
     }

@@ -626,16 +626,17 @@ mod tests {
         .unwrap();
     }
 
-    /// The README's configuration example is what a missing file means.
+    /// The operator guide's configuration reference is what a missing
+    /// file means.
     #[test]
-    fn readme_example_is_valid_and_the_defaults() {
-        let readme = include_str!("../../README.md");
-        let section = &readme[readme
-            .find("### Configuration")
-            .expect("README has a Configuration section")..];
+    fn documented_defaults_are_valid_and_the_defaults() {
+        let guide = include_str!("../../docs/operator-guide.md");
+        let section = &guide[guide
+            .find("\n## Configuration\n")
+            .expect("the operator guide has a Configuration section")..];
         let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
         let block = &section[start..start + section[start..].find("```").unwrap()];
-        let c = Config::parse(block, Path::new("README.md")).unwrap();
+        let c = Config::parse(block, Path::new("docs/operator-guide.md")).unwrap();
         let d = Config::default();
         assert_eq!(format!("{:?}", c.nri.options()), format!("{:?}", d.nri.options()));
         assert_eq!(c.shim.state_root, d.shim.state_root);
@@ -644,18 +645,46 @@ mod tests {
         assert!(!c.nri.disable);
     }
 
-    /// The README's permission examples parse and mean what they say, and
-    /// its table lists every field group.
+    /// The README's short example is a valid config that means what its
+    /// comments say.
     #[test]
-    fn readme_permissions_section_is_valid_and_complete() {
-        use nri_adaptation::FieldGroup;
+    fn readme_example_is_valid() {
         let readme = include_str!("../../README.md");
         let section = &readme[readme
-            .find("### Per-plugin permissions")
-            .expect("README has a Per-plugin permissions section")..];
+            .find("### Configuration")
+            .expect("README has a Configuration section")..];
         let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
         let block = &section[start..start + section[start..].find("```").unwrap()];
-        let o = Config::parse(block, Path::new("README.md")).unwrap().nri.options();
+        let c = Config::parse(block, Path::new("README.md")).unwrap();
+        let o = c.nri.options();
+        assert!(
+            o.permissions("10-cpu-pinning")
+                .unwrap()
+                .allows(nri_adaptation::FieldGroup::Cpu)
+        );
+        assert!(
+            !o.permissions("10-cpu-pinning")
+                .unwrap()
+                .allows(nri_adaptation::FieldGroup::Env)
+        );
+        assert_eq!(c.shim.state_root, Config::default().shim.state_root);
+    }
+
+    /// The operator guide's permission examples parse and mean what they
+    /// say, and its table lists every field group.
+    #[test]
+    fn documented_permissions_are_valid_and_complete() {
+        use nri_adaptation::FieldGroup;
+        let guide = include_str!("../../docs/operator-guide.md");
+        let section = &guide[guide
+            .find("\n## Per-plugin permissions\n")
+            .expect("the operator guide has a Per-plugin permissions section")..];
+        let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let block = &section[start..start + section[start..].find("```").unwrap()];
+        let o = Config::parse(block, Path::new("docs/operator-guide.md"))
+            .unwrap()
+            .nri
+            .options();
         let allows = |plugin: &str, g: FieldGroup| o.permissions(plugin).unwrap().allows(g);
         assert!(allows("10-cpu-pinning", FieldGroup::Cpu) && allows("10-cpu-pinning", FieldGroup::Memory));
         assert!(!allows("10-cpu-pinning", FieldGroup::Env));
