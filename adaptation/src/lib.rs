@@ -9,6 +9,60 @@
 //! lifecycle event to the plugins subscribed to it, and merges the
 //! adjustments they return.
 //!
+//! A runtime builds one, asks it at each container create what the plugins
+//! change, and applies that to the OCI spec it is about to run. Here one
+//! plugin, built into the runtime, adds an environment variable:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use nri_adaptation::{Adaptation, EventMask, RuntimeState, adjust, api, convert};
+//! use nri_adaptation::nri_proto::plugin::{BoxError, Plugin};
+//!
+//! struct AddEnv;
+//!
+//! #[async_trait::async_trait]
+//! impl Plugin for AddEnv {
+//!     async fn create_container(
+//!         &self,
+//!         _pod: &api::PodSandbox,
+//!         _container: &api::Container,
+//!     ) -> Result<api::CreateContainerResponse, BoxError> {
+//!         let mut rsp = api::CreateContainerResponse::new();
+//!         let env = api::KeyValue { key: "HELLO".into(), value: "from-nri".into(), ..Default::default() };
+//!         rsp.adjust.mut_or_insert_default().env.push(env);
+//!         Ok(rsp)
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let nri = Adaptation::builder("my-runtime", "1.0")
+//!     .with_sync_fn(|| async { Ok(RuntimeState::default()) }) // the pods and containers that run
+//!     .with_update_fn(|_updates| async { Ok(Vec::new()) })    // plugins' changes to running ones
+//!     .with_builtin_plugin("10", "add-env", EventMask::parse("CreateContainer")?, Arc::new(AddEnv))
+//!     .with_disabled_connections() // no external plugins in this example
+//!     .with_plugin_path(dir.path().join("plugins"))
+//!     .build()?;
+//! nri.start().await?;
+//!
+//! let mut spec = oci_spec::runtime::Spec::default(); // what the runtime would run
+//! let pod = api::PodSandbox { id: "pod1".into(), name: "web".into(), ..Default::default() };
+//! let container = convert::container_from_spec("c1", &pod.id, "app", &spec);
+//! let rsp = nri
+//!     .create_container(api::CreateContainerRequest {
+//!         pod: Some(pod).into(),
+//!         container: Some(container).into(),
+//!         ..Default::default()
+//!     })
+//!     .await?;
+//! adjust(&mut spec, rsp.adjust.get_or_default())?; // all or nothing
+//! let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
+//! assert!(env.contains(&"HELLO=from-nri".to_string()));
+//! nri.stop().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
 //! | piece | what |
 //! |---|---|
 //! | [`Adaptation`] | start/stop, plugin registry, one async method per lifecycle event |

@@ -6,7 +6,7 @@
 //! any runtime embedding `nri-adaptation`), registers, answers Configure and
 //! Synchronize, and routes every subscribed event to the plugin.
 //!
-//! ```no_run
+//! ```
 //! use nri_stub::{api, BoxError, EventMask, Plugin, Stub};
 //!
 //! struct AddEnv;
@@ -28,14 +28,43 @@
 //!     }
 //! }
 //!
-//! # async fn run() -> Result<(), nri_stub::StubError> {
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! # // A runtime for the plugin to register with (containerd, CRI-O, or as
+//! # // here nri-adaptation in-process), listening on `socket`.
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let socket = dir.path().join("nri.sock");
+//! # let runtime = nri_adaptation::Adaptation::builder("runtime", "1.0")
+//! #     .with_sync_fn(|| async { Ok(nri_adaptation::RuntimeState::default()) })
+//! #     .with_update_fn(|_| async { Ok(Vec::new()) })
+//! #     .with_socket_path(&socket)
+//! #     .with_plugin_path(dir.path().join("plugins"))
+//! #     .build()?;
+//! # runtime.start().await?;
 //! let stub = Stub::builder(AddEnv)
 //!     .with_plugin_name("add-env")
 //!     .with_plugin_idx("10")
-//!     .with_events(EventMask::parse("CreateContainer").unwrap())
+//!     .with_events(EventMask::parse("CreateContainer")?)
+//!     .with_socket_path(&socket) // default /var/run/nri/nri.sock
 //!     .build()?;
-//! stub.run().await
+//! // `stub.run().await` serves until the runtime goes away; `start`
+//! // returns once the plugin is registered and configured, and serves
+//! // events in the background.
+//! let plugin = stub.start().await?;
+//! # while runtime.plugin_names().is_empty() { // synchronized: in the runtime's list
+//! #     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
 //! # }
+//! # let rsp = runtime
+//! #     .create_container(api::CreateContainerRequest {
+//! #         pod: Some(api::PodSandbox { id: "p".into(), ..Default::default() }).into(),
+//! #         container: Some(api::Container { id: "c".into(), pod_sandbox_id: "p".into(), ..Default::default() }).into(),
+//! #         ..Default::default()
+//! #     })
+//! #     .await?;
+//! # assert_eq!(rsp.adjust.env[0].key, "HELLO");
+//! # drop(plugin);
+//! # runtime.stop().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
 //! ```
 //!
 //! Behaviour shared with containerd/nri's Go `pkg/stub`, so a plugin runs the
