@@ -22,6 +22,7 @@ pub mod containerd;
 pub mod cri;
 use serde::{Deserialize, Serialize};
 
+pub mod parity;
 pub mod raw;
 
 /// Path of the scriptable test plugin, valid in this package's tests.

@@ -60,10 +60,24 @@ fn scope(id: &str) -> PathBuf {
 }
 
 fn read(p: &Path) -> String {
+    try_read(p).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_read(p: &Path) -> Result<String, String> {
     std::fs::read_to_string(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .trim()
-        .to_string()
+        .map(|s| s.trim().to_string())
+        .map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Fails the observation of one runtime with the message (see
+/// [`integration::parity`]: runc's failed observation is reported, ours
+/// fails the test).
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
 }
 
 /// `systemctl show -p PROPERTY --value UNIT`.
@@ -102,7 +116,7 @@ fn task_address(c: &Containerd, id: &str) -> (String, &'static str) {
 
 /// UpdateTaskRequest with `resources_json` to task `id`'s shim, where and
 /// in the task API version containerd speaks to it ([`task_address`]).
-fn update(c: &Containerd, id: &str, resources_json: &str) {
+fn update(c: &Containerd, id: &str, resources_json: &str) -> Result<(), String> {
     use containerd_shim_protos::api;
     use protobuf::Message;
     let (address, service) = task_address(c, id);
@@ -121,7 +135,9 @@ fn update(c: &Containerd, id: &str, resources_json: &str) {
         .unwrap();
     let started = Instant::now();
     rt.block_on(async {
-        let client = ttrpc::asynchronous::Client::connect(&address).await.unwrap();
+        let client = ttrpc::asynchronous::Client::connect(&address)
+            .await
+            .map_err(|e| format!("connect {address}: {e}"))?;
         // Generous: under qemu TCG systemd once took over 20 s to answer
         // (both shims wait on it); a hang still fails.
         let mut ctx = ttrpc::context::with_timeout(60_000_000_000);
@@ -134,29 +150,31 @@ fn update(c: &Containerd, id: &str, resources_json: &str) {
             payload: req.write_to_bytes().unwrap(),
             ..Default::default()
         };
-        let res = client.request(call).await.unwrap_or_else(|e| {
-            panic!(
+        let res = client.request(call).await.map_err(|e| {
+            format!(
                 "update {id} after {:?}: {e:?}\nshim log:\n{}",
                 started.elapsed(),
                 c.shim_log()
             )
-        });
+        })?;
         eprintln!("update {id}: {:?}", started.elapsed());
-        assert!(
+        ensure!(
             res.status.as_ref().is_none_or(|s| s.code() == ttrpc::Code::OK),
             "update {id}: {:?}",
             res.status
         );
-    });
+        Ok(())
+    })
 }
 
-/// Waits up to 10 s for `done`.
-fn eventually(what: &str, done: impl Fn() -> bool) {
+/// Waits up to 10 s for `done`; `what` went wrong if it never is.
+fn eventually(what: &str, done: impl Fn() -> bool) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !done() {
-        assert!(Instant::now() < deadline, "{what}");
+        ensure!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    Ok(())
 }
 
 /// What one runtime did with the systemd driver, for the comparison.
@@ -192,8 +210,7 @@ fn fd_count(pid: i32) -> usize {
 /// after the update than before.
 fn scopes_match_runc() {
     let c = Containerd::start(Setup::default());
-    let mut seen = Vec::new();
-    for (runtime, id) in [(RUNC, "sd-runc"), (OURS, "sd-nri")] {
+    let observe = |runtime: &str, id: &str| -> Result<Seen, String> {
         let mut flags = systemd_flags(&c, runtime, id);
         flags.extend(["--memory-limit".into(), "134217728".into(), "-d".into()]);
         for (flag, value) in [
@@ -204,21 +221,21 @@ fn scopes_match_runc() {
             flags.extend([flag.into(), value.into()]);
         }
         let out = run(&c, runtime, id, &flags, &["/bin/sleep", "300"]);
-        assert!(out.status.success(), "{runtime}: {}\n{}", text(&out), c.shim_log());
+        ensure!(out.status.success(), "{runtime}: {}\n{}", text(&out), c.shim_log());
         c.wait_status(id, "RUNNING");
         let dir = scope(id);
         let unit = format!("cri-containerd-{id}.scope");
+        ensure!(dir.is_dir(), "{runtime}: no scope cgroup {}", dir.display());
         let cpu = [
-            read(&dir.join("cpu.weight")),
-            read(&dir.join("cpu.max")),
+            try_read(&dir.join("cpu.weight"))?,
+            try_read(&dir.join("cpu.max"))?,
             unit_property(&unit, "CPUWeight"),
             unit_property(&unit, "CPUQuotaPerSecUSec"),
         ];
-        assert!(dir.is_dir(), "{runtime}: no scope cgroup {}", dir.display());
-        assert_eq!(unit_property(&unit, "ActiveState"), "active", "{runtime}: {unit}");
+        let active = unit_property(&unit, "ActiveState");
+        ensure!(active == "active", "{runtime}: {unit} is {active:?}");
         let slice = unit_property(&unit, "Slice");
-        assert_eq!(slice, SLICE, "{runtime}: {unit}");
-        let memory_max = read(&dir.join("memory.max"));
+        let memory_max = try_read(&dir.join("memory.max"))?;
         // The update makes a systemd cgroup manager in the daemon (a D-Bus
         // connection to systemd, per update): its fd must not stay open.
         // libcgroups' leaked about 3 per update (a 19-fd daemon had 51
@@ -228,19 +245,19 @@ fn scopes_match_runc() {
             let pid = c.shim_daemon_pid().expect("shim daemon running");
             (pid, fd_count(pid))
         });
-        update(&c, id, r#"{"memory": {"limit": 100663296}}"#);
+        update(&c, id, r#"{"memory": {"limit": 100663296}}"#)?;
         if let Some((pid, before)) = daemon {
             let deadline = Instant::now() + Duration::from_secs(5);
             while fd_count(pid) > before && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
             let after = fd_count(pid);
-            assert!(
+            ensure!(
                 after <= before,
                 "the shim daemon had {before} open fds before the update, {after} after"
             );
         }
-        let memory_max_after_update = read(&dir.join("memory.max"));
+        let memory_max_after_update = try_read(&dir.join("memory.max"))?;
         let unit_memory_max_after_update = unit_property(&unit, "MemoryMax");
         // An exec'd process joins the scope; Task.Pids lists both.
         let fifo = c.dir.path().join("fifo").display().to_string();
@@ -256,35 +273,38 @@ fn scopes_match_runc() {
             "/bin/sleep",
             "300",
         ]);
-        assert!(out.status.success(), "{runtime}: exec: {}", text(&out));
-        let pids_in_scope = read(&dir.join("cgroup.procs")).lines().count();
+        ensure!(out.status.success(), "{runtime}: exec: {}", text(&out));
+        let pids_in_scope = try_read(&dir.join("cgroup.procs"))?.lines().count();
         let ps = text(&c.ctr(&["t", "ps", id]));
-        assert_eq!(ps.lines().skip(1).count(), 2, "{runtime}: ctr t ps: {ps}");
+        ensure!(ps.lines().skip(1).count() == 2, "{runtime}: ctr t ps: {ps}");
         let metrics = c.ctr(&["t", "metrics", "--format", "json", id]);
-        assert!(metrics.status.success(), "{runtime}: metrics: {}", text(&metrics));
-        let m: serde_json::Value = serde_json::from_slice(&metrics.stdout).expect("metrics json");
-        assert!(m["memory"]["usage"].as_u64().unwrap_or(0) > 0, "{runtime}: {m}");
-        assert_eq!(m["pids"]["current"].as_u64(), Some(2), "{runtime}: {m}");
+        ensure!(metrics.status.success(), "{runtime}: metrics: {}", text(&metrics));
+        let m: serde_json::Value = serde_json::from_slice(&metrics.stdout).map_err(|e| format!("metrics json: {e}"))?;
+        ensure!(m["memory"]["usage"].as_u64().unwrap_or(0) > 0, "{runtime}: {m}");
+        ensure!(m["pids"]["current"].as_u64() == Some(2), "{runtime}: {m}");
         // Pause freezes the scope.
-        assert!(c.ctr(&["t", "pause", id]).status.success(), "{runtime}: pause");
-        assert!(
-            read(&dir.join("cgroup.events")).contains("frozen 1"),
+        ensure!(c.ctr(&["t", "pause", id]).status.success(), "{runtime}: pause");
+        ensure!(
+            try_read(&dir.join("cgroup.events"))?.contains("frozen 1"),
             "{runtime}: not frozen"
         );
-        assert!(c.ctr(&["t", "resume", id]).status.success(), "{runtime}: resume");
-        assert!(c.ctr(&["t", "kill", "-a", "-s", "SIGKILL", id]).status.success());
+        ensure!(c.ctr(&["t", "resume", id]).status.success(), "{runtime}: resume");
+        ensure!(
+            c.ctr(&["t", "kill", "-a", "-s", "SIGKILL", id]).status.success(),
+            "{runtime}: kill"
+        );
         c.wait_status(id, "STOPPED");
         let rm = c.ctr(&["t", "rm", id]);
-        assert!(rm.status.success(), "{runtime}: rm: {}", text(&rm));
+        ensure!(rm.status.success(), "{runtime}: rm: {}", text(&rm));
         eventually(
             &format!("{runtime}: scope cgroup {} left after delete", dir.display()),
             || !dir.exists(),
-        );
+        )?;
         eventually(&format!("{runtime}: unit {unit} left after delete"), || {
             matches!(unit_property(&unit, "LoadState").as_str(), "not-found" | "")
                 || unit_property(&unit, "ActiveState") == "inactive"
-        });
-        seen.push(Seen {
+        })?;
+        Ok(Seen {
             memory_max,
             unit_memory_max_after_update,
             memory_max_after_update,
@@ -292,17 +312,25 @@ fn scopes_match_runc() {
             pids_in_scope,
             metrics_limit: m["memory"]["usage_limit"].as_u64().unwrap_or(0),
             cpu,
-        });
-    }
+        })
+    };
+    let runc = observe(RUNC, "sd-runc");
+    let ours = observe(OURS, "sd-nri");
     assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
-    let (runc, ours) = (&seen[0], &seen[1]);
-    assert_eq!(runc.memory_max, "134217728", "{runc:?}");
-    assert_eq!(runc.memory_max_after_update, "100663296", "{runc:?}");
-    assert_eq!(runc.pids_in_scope, 2, "{runc:?}");
-    // runc 1.1's linear weight for 512 shares; the unit's quota in whole
-    // percents, the file's exact.
-    assert_eq!(runc.cpu, ["20", "12345 100000", "20", "130ms"], "{runc:?}");
-    assert_eq!(ours, runc);
+    // The limit, then the update's, in the file, the unit and Task.Stats;
+    // the scope in the pod's slice with the init and the exec; runc 1.1's
+    // linear weight for 512 shares, the unit's quota in whole percents and
+    // the file's exact.
+    let contract: Result<Seen, String> = Ok(Seen {
+        memory_max: "134217728".into(),
+        unit_memory_max_after_update: "100663296".into(),
+        memory_max_after_update: "100663296".into(),
+        slice: SLICE.into(),
+        pids_in_scope: 2,
+        metrics_limit: 100663296,
+        cpu: ["20", "12345 100000", "20", "130ms"].map(String::from),
+    });
+    integration::parity::expect_value("the systemd driver's scope", &contract, &runc, &ours);
 }
 
 /// On a host without systemd (or with cgroup v1) the driver cannot be had:
@@ -310,21 +338,30 @@ fn scopes_match_runc() {
 /// neither leaves a task, a container state or a cgroup.
 fn refused_without_systemd() {
     let c = Containerd::start(Setup::default());
-    for (runtime, id) in [(RUNC, "sd-no-runc"), (OURS, "sd-no-nri")] {
+    let observe = |runtime: &str, id: &str| -> Result<(), String> {
         let flags = systemd_flags(&c, runtime, id);
         let out = run(&c, runtime, id, &flags, &["/bin/true"]);
         let msg = text(&out);
-        assert!(!out.status.success(), "{runtime}: ran without systemd: {msg}");
-        assert!(msg.contains("systemd"), "{runtime}: {msg}");
+        ensure!(!out.status.success(), "{runtime}: ran without systemd: {msg}");
+        ensure!(msg.contains("systemd"), "{runtime}: {msg}");
         if runtime == OURS {
-            assert!(msg.contains("SystemdCgroup"), "{msg}");
+            ensure!(msg.contains("SystemdCgroup"), "{msg}");
         }
-        assert!(!text(&c.ctr(&["t", "ls", "-q"])).contains(id), "{runtime}: task left");
+        ensure!(!text(&c.ctr(&["t", "ls", "-q"])).contains(id), "{runtime}: task left");
         let path = format!("/{SLICE}:cri-containerd:{id}");
-        assert_eq!(cgroup::dirs(&path), Vec::<PathBuf>::new(), "{runtime}");
-        assert_eq!(cgroup::dirs("/kubepods.slice"), Vec::<PathBuf>::new(), "{runtime}");
-    }
+        let left = [cgroup::dirs(&path), cgroup::dirs("/kubepods.slice")].concat();
+        ensure!(left.is_empty(), "{runtime}: cgroups left: {left:?}");
+        Ok(())
+    };
+    let runc = observe(RUNC, "sd-no-runc");
+    let ours = observe(OURS, "sd-no-nri");
     assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+    integration::parity::expect_value(
+        "SystemdCgroup without systemd: refused, nothing left",
+        &Ok(()),
+        &runc,
+        &ours,
+    );
 }
 
 /// `SystemdCgroup = true` on this host: scopes as runc makes them when
@@ -382,7 +419,7 @@ struct CriSeen {
 /// cgroup.
 #[test]
 fn cri_systemd_driver_matches_runc() {
-    use integration::cri::{Cri, CriSetup, api, container};
+    use integration::cri::{Cri, CriSetup};
     let cri = Cri::start(CriSetup {
         systemd_handlers: true,
         ..Default::default()
@@ -392,119 +429,141 @@ fn cri_systemd_driver_matches_runc() {
         .build()
         .unwrap();
     let seen = rt.block_on(async {
-        let mut c = cri.client().await;
         let mut seen = Vec::new();
         for (handler, uid) in [("runc-systemd", "7a11"), ("nri-shim-systemd", "7b22")] {
-            let slice = format!("kubepods-besteffort-pod{uid}.slice");
-            let slice_dir = Path::new("/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice").join(&slice);
-            let cfg = cri.pod_config("sd", "default", handler, |p| {
-                let l = p.linux.as_mut().unwrap();
-                l.cgroup_parent = slice.clone();
-                let ns = l.security_context.as_mut().unwrap().namespace_options.as_mut().unwrap();
-                ns.network = api::NamespaceMode::Node as i32;
-                // The host's UTS namespace with the host's network.
-                p.hostname.clear();
-            });
-            if !systemd_host() {
-                let r =
-                    c.rt.run_pod_sandbox(api::RunPodSandboxRequest {
-                        config: Some(cfg.clone()),
-                        runtime_handler: handler.into(),
-                    })
-                    .await;
-                let e = r.expect_err(&format!("{handler}: RunPodSandbox without systemd"));
-                assert!(e.message().contains("systemd"), "{handler}: {e}");
-                if handler == "nri-shim-systemd" {
-                    assert!(e.message().contains("SystemdCgroup"), "not our shim's refusal: {e}");
-                }
-                assert_eq!(cgroup::dirs("/kubepods.slice"), Vec::<PathBuf>::new(), "{handler}");
-                continue;
-            }
-            let pod = c.run_pod(&cfg, handler).await;
-            let pod_scope = slice_dir.join(format!("cri-containerd-{pod}.scope"));
-            assert!(
-                pod_scope.is_dir(),
-                "{handler}: no sandbox scope {}",
-                pod_scope.display()
-            );
-            let mut cc = container("app", &["sleep", "300"]);
-            cc.linux.as_mut().unwrap().resources = Some(api::LinuxContainerResources {
-                memory_limit_in_bytes: 134217728,
-                ..Default::default()
-            });
-            let id = c.create_running(&pod, &cfg, cc, Duration::from_secs(60)).await;
-            // The handler's shim runs it: ours keeps libcontainer state.
-            let ours = std::fs::read_dir(&cri.shim_state)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .any(|d| d.path().join("containers").join(&id).exists());
-            assert_eq!(ours, handler == "nri-shim-systemd", "{handler}: run by the wrong shim");
-            let unit = format!("cri-containerd-{id}.scope");
-            let scope = slice_dir.join(&unit);
-            assert!(scope.is_dir(), "{handler}: no container scope {}", scope.display());
-            let memory_max = read(&scope.join("memory.max"));
-            c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
-                container_id: id.clone(),
-                linux: Some(api::LinuxContainerResources {
-                    memory_limit_in_bytes: 100663296,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{handler}: UpdateContainerResources: {e}"));
-            let memory_max_after_update = read(&scope.join("memory.max"));
-            let unit_memory_max_after_update = unit_property(&unit, "MemoryMax");
-            let s =
-                c.rt.container_stats(api::ContainerStatsRequest {
-                    container_id: id.clone(),
-                })
-                .await
-                .unwrap_or_else(|e| panic!("{handler}: ContainerStats: {e}"))
-                .into_inner()
-                .stats
-                .expect("stats");
-            let nonzero = |v: Option<u64>| v.unwrap_or(0) > 0;
-            let working_set_nonzero = nonzero(
-                s.memory
-                    .as_ref()
-                    .and_then(|m| m.working_set_bytes.as_ref())
-                    .map(|v| v.value),
-            );
-            let cpu_nonzero = nonzero(
-                s.cpu
-                    .as_ref()
-                    .and_then(|m| m.usage_core_nano_seconds.as_ref())
-                    .map(|v| v.value),
-            );
-            c.stop(&id, 0)
-                .await
-                .unwrap_or_else(|e| panic!("{handler}: StopContainer: {e}"));
-            c.remove(&id)
-                .await
-                .unwrap_or_else(|e| panic!("{handler}: RemoveContainer: {e}"));
-            c.remove_pod(&pod).await;
-            for dir in [&scope, &pod_scope] {
-                eventually(&format!("{handler}: {} left after removal", dir.display()), || {
-                    !dir.exists()
-                });
-            }
-            seen.push(CriSeen {
-                memory_max,
-                memory_max_after_update,
-                unit_memory_max_after_update,
-                working_set_nonzero,
-                cpu_nonzero,
-            });
+            seen.push(cri_systemd(&cri, handler, uid).await);
         }
         seen
     });
     cri.teardown();
-    if systemd_host() {
-        let (runc, ours) = (&seen[0], &seen[1]);
-        assert_eq!(runc.memory_max, "134217728", "{runc:?}");
-        assert_eq!(runc.memory_max_after_update, "100663296", "{runc:?}");
-        assert_eq!(ours, runc);
+    let contract = if systemd_host() {
+        // The limit, then the update's, in the scope's file and its unit.
+        Ok(Some(CriSeen {
+            memory_max: "134217728".into(),
+            memory_max_after_update: "100663296".into(),
+            unit_memory_max_after_update: "100663296".into(),
+            working_set_nonzero: true,
+            cpu_nonzero: true,
+        }))
+    } else {
+        // RunPodSandbox refused, naming systemd, no cgroup left.
+        Ok(None)
+    };
+    integration::parity::expect_value("CRI with the systemd driver", &contract, &seen[0], &seen[1]);
+}
+
+/// What `handler` did in [`cri_systemd_driver_matches_runc`]: on a systemd
+/// cgroup v2 host the pod's and the container's scopes ([`CriSeen`]),
+/// elsewhere `None` for a refusal that names systemd and leaves nothing.
+async fn cri_systemd(cri: &integration::cri::Cri, handler: &str, uid: &str) -> Result<Option<CriSeen>, String> {
+    use integration::cri::{api, container};
+    let mut c = cri.client().await;
+    let slice = format!("kubepods-besteffort-pod{uid}.slice");
+    let slice_dir = Path::new("/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice").join(&slice);
+    let cfg = cri.pod_config("sd", "default", handler, |p| {
+        let l = p.linux.as_mut().unwrap();
+        l.cgroup_parent = slice.clone();
+        let ns = l.security_context.as_mut().unwrap().namespace_options.as_mut().unwrap();
+        ns.network = api::NamespaceMode::Node as i32;
+        // The host's UTS namespace with the host's network.
+        p.hostname.clear();
+    });
+    if !systemd_host() {
+        let r =
+            c.rt.run_pod_sandbox(api::RunPodSandboxRequest {
+                config: Some(cfg.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await;
+        let Err(e) = r else {
+            return Err(format!("{handler}: RunPodSandbox without systemd ran"));
+        };
+        ensure!(e.message().contains("systemd"), "{handler}: {e}");
+        if handler == "nri-shim-systemd" {
+            ensure!(e.message().contains("SystemdCgroup"), "not our shim's refusal: {e}");
+        }
+        let left = cgroup::dirs("/kubepods.slice");
+        ensure!(left.is_empty(), "{handler}: cgroups left: {left:?}");
+        return Ok(None);
     }
+    let pod = c.run_pod(&cfg, handler).await;
+    let pod_scope = slice_dir.join(format!("cri-containerd-{pod}.scope"));
+    ensure!(
+        pod_scope.is_dir(),
+        "{handler}: no sandbox scope {}",
+        pod_scope.display()
+    );
+    let mut cc = container("app", &["sleep", "300"]);
+    cc.linux.as_mut().unwrap().resources = Some(api::LinuxContainerResources {
+        memory_limit_in_bytes: 134217728,
+        ..Default::default()
+    });
+    let id = c.create_running(&pod, &cfg, cc, Duration::from_secs(60)).await;
+    // The handler's shim runs it: ours keeps libcontainer state.
+    let ours = std::fs::read_dir(&cri.shim_state)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|d| d.path().join("containers").join(&id).exists());
+    ensure!(
+        ours == (handler == "nri-shim-systemd"),
+        "{handler}: run by the wrong shim"
+    );
+    let unit = format!("cri-containerd-{id}.scope");
+    let scope = slice_dir.join(&unit);
+    ensure!(scope.is_dir(), "{handler}: no container scope {}", scope.display());
+    let memory_max = try_read(&scope.join("memory.max"))?;
+    c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+        container_id: id.clone(),
+        linux: Some(api::LinuxContainerResources {
+            memory_limit_in_bytes: 100663296,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("{handler}: UpdateContainerResources: {e}"))?;
+    let memory_max_after_update = try_read(&scope.join("memory.max"))?;
+    let unit_memory_max_after_update = unit_property(&unit, "MemoryMax");
+    let s =
+        c.rt.container_stats(api::ContainerStatsRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .map_err(|e| format!("{handler}: ContainerStats: {e}"))?
+        .into_inner()
+        .stats
+        .unwrap_or_default();
+    let nonzero = |v: Option<u64>| v.unwrap_or(0) > 0;
+    let working_set_nonzero = nonzero(
+        s.memory
+            .as_ref()
+            .and_then(|m| m.working_set_bytes.as_ref())
+            .map(|v| v.value),
+    );
+    let cpu_nonzero = nonzero(
+        s.cpu
+            .as_ref()
+            .and_then(|m| m.usage_core_nano_seconds.as_ref())
+            .map(|v| v.value),
+    );
+    c.stop(&id, 0)
+        .await
+        .map_err(|e| format!("{handler}: StopContainer: {e}"))?;
+    c.remove(&id)
+        .await
+        .map_err(|e| format!("{handler}: RemoveContainer: {e}"))?;
+    c.remove_pod(&pod).await;
+    for dir in [&scope, &pod_scope] {
+        eventually(&format!("{handler}: {} left after removal", dir.display()), || {
+            !dir.exists()
+        })?;
+    }
+    Ok(Some(CriSeen {
+        memory_max,
+        memory_max_after_update,
+        unit_memory_max_after_update,
+        working_set_nonzero,
+        cpu_nonzero,
+    }))
 }

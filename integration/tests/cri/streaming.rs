@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
 
-use super::{NS, both, pod, running, same};
-use integration::cri::{Client, Cri, api, container};
+use super::{NS, both, pod, running};
+use integration::{
+    cri::{Client, Cri, api, container},
+    parity::expect_value,
+};
 
 /// What a stream returned: stdout and stderr text, and the exit status
 /// from the status channel ("Success" or the exit code of a failure).
@@ -166,14 +169,15 @@ async fn exec_tty(cri: &Cri, h: &'static str) -> Streamed {
 async fn exec_with_a_tty_resize_and_exit_code() {
     let cri = super::shared();
     let (runc, nri) = both(|h| exec_tty(cri, h)).await;
-    same("exec -it sh (tty)", &runc, &nri);
-    assert_eq!(
-        runc,
-        Streamed {
+    expect_value(
+        "exec -it sh (tty)",
+        &Streamed {
             stdout: "30 100\n/dev/pts/0\nanswer=42".into(),
             stderr: String::new(),
-            status: "exit 3".into()
-        }
+            status: "exit 3".into(),
+        },
+        &runc,
+        &nri,
     );
 }
 
@@ -193,14 +197,15 @@ async fn exec_stdin(cri: &Cri, h: &'static str) -> Streamed {
 async fn exec_with_piped_stdin_and_separate_stderr() {
     let cri = super::shared();
     let (runc, nri) = both(|h| exec_stdin(cri, h)).await;
-    same("exec -i (piped stdin)", &runc, &nri);
-    assert_eq!(
-        runc,
-        Streamed {
+    expect_value(
+        "exec -i (piped stdin)",
+        &Streamed {
             stdout: "HELLO WORLD".into(),
             stderr: "to-stderr\n".into(),
-            status: "exit 4".into()
-        }
+            status: "exit 4".into(),
+        },
+        &runc,
+        &nri,
     );
 }
 
@@ -238,8 +243,7 @@ async fn attach(cri: &Cri, h: &'static str) -> String {
 async fn attach_to_a_tty_container() {
     let cri = super::shared();
     let (runc, nri) = both(|h| attach(cri, h)).await;
-    same("attach -it", &runc, &nri);
-    assert_eq!(runc, "attached-2 in 1");
+    expect_value("attach -it", &"attached-2 in 1".to_string(), &runc, &nri);
 }
 
 /// A pod's `hostPort`: a TCP connection to the node's address at the host
@@ -290,6 +294,5 @@ async fn host_port_mapping_reaches_the_container() {
     // either pod; seen in the fresh cgroup v2 VM).
     let runc = host_port(cri, "runc", base).await;
     let nri = host_port(cri, "nri-shim", base + 1).await;
-    same("hostPort 8080", &runc, &nri);
-    assert_eq!(runc, "served-by-container\n");
+    expect_value("hostPort 8080", &"served-by-container\n".to_string(), &runc, &nri);
 }
