@@ -24,13 +24,13 @@ nri_patch_crates
 # The assembly itself: a patch that no longer applies, edits kept, pins.
 python3 scripts/tests/patch_crates_test.py
 cargo test --workspace --locked --no-fail-fast
-# The containerd tests, the CRI lane and the node-safety tests (containerd
-# restarts, config reloads, in-place upgrades) again on each containerd
-# line unpacked above (the workspace run used the system's 1.6); the
+# The containerd tests, the CRI lane, the node-safety tests (containerd
+# restarts, config reloads, in-place upgrades) and the kubelet-shaped
+# workload under load again on each containerd line unpacked above (the workspace run used the system's 1.6); the
 # integration tests pick the line from NRI_CONTAINERD.
 for entry in "${NRI_CONTAINERD_LINES[@]}"; do
     line=${entry%% *}
-    echo "== containerd $line: integration tests containerd, cri, node_safe, node_reload, upgrade" >&2
+    echo "== containerd $line: integration tests containerd, cri, node_safe, node_reload, upgrade, kubelet_workload" >&2
     NRI_CONTAINERD=$line cargo test --locked --no-fail-fast -p integration \
-        --test containerd --test cri --test node_safe --test node_reload --test upgrade
+        --test containerd --test cri --test node_safe --test node_reload --test upgrade --test kubelet_workload
 done

@@ -38,6 +38,8 @@ use crate::containerd::{
 
 /// The runtime handlers every behaviour runs with: the reference first.
 pub const HANDLERS: [&str; 2] = ["runc", "nri-shim"];
+/// The containerd namespace of CRI's containers.
+pub const CRI_NAMESPACE: &str = "k8s.io";
 /// The busybox image (`/bin/sh` by default).
 pub const BUSYBOX: &str = "localhost/nri-lane/busybox:1";
 /// The pause image `sandbox_image` names: busybox's `sleep`.
@@ -779,6 +781,18 @@ impl Client {
         state: api::ContainerState,
         timeout: Duration,
     ) -> api::ContainerStatus {
+        self.wait_state_every(id, state, timeout, Duration::from_millis(50))
+            .await
+    }
+
+    /// [`Client::wait_state`], asking every `every`.
+    pub async fn wait_state_every(
+        &mut self,
+        id: &str,
+        state: api::ContainerState,
+        timeout: Duration,
+        every: Duration,
+    ) -> api::ContainerStatus {
         let deadline = Instant::now() + timeout;
         loop {
             let st = self
@@ -792,7 +806,7 @@ impl Client {
                 Instant::now() < deadline,
                 "container {id} not {state:?} within {timeout:?}: {st:?}"
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(every).await;
         }
     }
 

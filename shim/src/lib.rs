@@ -35,5 +35,6 @@ pub mod nri;
 pub mod stdio;
 pub mod sync;
 pub mod task;
+pub mod waits;
 
 pub use node::main;

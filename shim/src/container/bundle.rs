@@ -325,9 +325,40 @@ fn parse_options(m: &Mount) -> Result<MountOptions> {
 
 /// Unmounts (lazily, last first) what [`mount_rootfs`] mounted.
 pub fn unmount_all(mounts: &[PathBuf]) {
+    drop(detach_all(mounts));
+}
+
+/// Rootfs mounts taken out of the mount tree ([`detach_all`]) whose
+/// filesystems are released when this is dropped: the release of an
+/// overlay syncs its upper filesystem (the kernel's unmount of a
+/// superblock writes back every dirty page of that whole filesystem,
+/// seconds on a node writing a lot), so the daemon drops it on a thread
+/// where nothing waits for it.
+#[derive(Debug)]
+pub struct Detached {
+    _held: Vec<std::os::fd::OwnedFd>,
+}
+
+/// Takes `mounts` (mounted in order, so unmounted last first) out of the
+/// mount tree at once (a lazy unmount: the mount point is free for
+/// containerd to remove as soon as this returns) while a reference to
+/// each is held, so that releasing the filesystem (and its sync) waits
+/// for the returned value to be dropped. A path that is not mounted is
+/// left alone.
+pub fn detach_all(mounts: &[PathBuf]) -> Detached {
+    use rustix::fs::{Mode, OFlags};
+    let mut held = Vec::new();
     for p in mounts.iter().rev() {
-        let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+        // O_PATH on the mount point resolves to the mounted filesystem's
+        // root: the fd holds that mount.
+        let fd = rustix::fs::open(p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty());
+        if nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH).is_ok()
+            && let Ok(fd) = fd
+        {
+            held.push(fd);
+        }
     }
+    Detached { _held: held }
 }
 
 /// Bind mounts that plugins added must have a source: libcontainer fails

@@ -113,8 +113,13 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
         Ok(())
     };
     crate::node::shimlog::rotate_stderr(&dir.join("shim.log"), config.shim.log_max_size);
+    // Log lines from here on are written by a thread of their own (see
+    // shimlog::start_log_thread): never by the runtime thread.
+    crate::node::shimlog::start_log_thread().context("start the log thread")?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(serve(flags, config, dir, ready, &set_log_level, resume))
+    let r = rt.block_on(serve(flags, config, dir, ready, &set_log_level, resume));
+    crate::node::shimlog::flush_log(std::time::Duration::from_secs(2));
+    r
 }
 
 /// The daemon's log filter for a `[shim] log_level` value. libcgroups
@@ -228,6 +233,7 @@ async fn serve(
         tx
     });
     crate::task::monitor::spawn_stray_reaper().context("SIGCHLD handler")?;
+    crate::waits::start_watchdog().context("start the runtime watchdog")?;
     let sock = crate::layout::task_socket(&dir);
     let listener = match listener_fd {
         // The same socket (path and inode): containerd's next dial reaches it.

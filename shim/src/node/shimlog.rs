@@ -196,13 +196,104 @@ pub fn set_log_max_size(max: u64) {
 }
 
 /// A `tracing_subscriber` writer: each formatted event goes to stderr (the
-/// daemon's `shim.log`) and to containerd through [`SHIM_LOG`].
-pub fn writer() -> LogWriter<'static> {
-    LogWriter { log: &SHIM_LOG }
+/// daemon's `shim.log`) and to containerd through [`SHIM_LOG`]; once
+/// [`start_log_thread`] ran, by way of that thread.
+pub fn writer() -> QueuedWriter {
+    QueuedWriter
 }
 
-/// Writer returned by [`writer`]; the fmt layer writes one whole event per
-/// `write` call.
+/// How many log lines may wait for the log thread; more are dropped (and
+/// counted in a line of their own) rather than block the daemon.
+const QUEUE_LINES: usize = 16 * 1024;
+
+enum Queued {
+    Line(Vec<u8>),
+    /// Everything queued before it has been written: acknowledge.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// The log thread's queue, once started.
+static QUEUE: std::sync::OnceLock<std::sync::mpsc::SyncSender<Queued>> = std::sync::OnceLock::new();
+/// Lines dropped because the queue was full, not yet reported.
+static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Starts the thread that writes the daemon's log lines: a write to
+/// `shim.log` can block (dirty-page writeback throttling on a busy node,
+/// a rotation's rename), and the runtime thread that serves every pod
+/// must not wait for it. Lines keep their order; when the queue is full
+/// (the disk far behind) lines are dropped and counted. Idempotent.
+///
+/// # Errors
+/// When the thread cannot be started (lines are then written directly).
+pub fn start_log_thread() -> io::Result<()> {
+    if QUEUE.get().is_some() {
+        return Ok(());
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Queued>(QUEUE_LINES);
+    std::thread::Builder::new().name("nri-shim-log".into()).spawn(move || {
+        let mut out = LogWriter { log: &SHIM_LOG };
+        for msg in rx {
+            match msg {
+                Queued::Line(line) => {
+                    let dropped = DROPPED.swap(0, std::sync::atomic::Ordering::Relaxed);
+                    if dropped > 0 {
+                        let note = format!(
+                            "{} WARN nri-shim: {dropped} log lines dropped: the log could not keep up\n",
+                            humantime::format_rfc3339_micros(std::time::SystemTime::now())
+                        );
+                        let _ = out.write(note.as_bytes());
+                    }
+                    let _ = out.write(&line);
+                }
+                Queued::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
+        }
+    })?;
+    let _ = QUEUE.set(tx);
+    Ok(())
+}
+
+/// Waits (at most `patience`) until every line logged so far is written:
+/// before the daemon replaces its image (an upgrade) or exits.
+pub fn flush_log(patience: std::time::Duration) {
+    if let Some(q) = QUEUE.get() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if q.try_send(Queued::Flush(tx)).is_ok() {
+            let _ = rx.recv_timeout(patience);
+        }
+    }
+}
+
+/// Writer returned by [`writer`]: to the log thread's queue once started,
+/// else straight through (`start`, `delete`, tests).
+pub struct QueuedWriter;
+
+impl Write for QueuedWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match QUEUE.get() {
+            Some(q) => match q.try_send(Queued::Line(buf.to_vec())) {
+                Ok(()) => {}
+                Err(std::sync::mpsc::TrySendError::Full(_)) => {
+                    DROPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                    LogWriter { log: &SHIM_LOG }.write_all(buf)?;
+                }
+            },
+            None => LogWriter { log: &SHIM_LOG }.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes one whole event (the fmt layer writes one per `write` call) to
+/// stderr and containerd's log; what the log thread runs.
 pub struct LogWriter<'a> {
     log: &'a ShimLog,
 }
@@ -281,6 +372,26 @@ mod tests {
             s.push_str(std::str::from_utf8(&buf[..n]).unwrap());
         }
         s
+    }
+
+    /// The log thread writes every queued line, in order, and a flush
+    /// returns once they are written.
+    #[test]
+    fn queued_lines_are_written_in_order_by_the_log_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reader = fifo_with_reader(dir.path());
+        assert!(SHIM_LOG.attach("test/queued", dir.path()));
+        start_log_thread().unwrap();
+        start_log_thread().unwrap();
+        let mut w = writer();
+        let lines: Vec<String> = (0..200).map(|i| format!("line {i}\n")).collect();
+        for l in &lines {
+            w.write_all(l.as_bytes()).unwrap();
+        }
+        flush_log(std::time::Duration::from_secs(10));
+        let got = read_all(&mut reader);
+        SHIM_LOG.detach("test/queued");
+        assert_eq!(got, lines.concat());
     }
 
     #[test]

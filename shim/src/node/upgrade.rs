@@ -264,6 +264,8 @@ pub fn exec(exe: &Path, handover: &Path) -> UpgradeError {
     use std::os::unix::process::CommandExt as _;
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| exe.as_os_str().to_owned());
+    // The log thread's queue is lost with this image.
+    crate::node::shimlog::flush_log(std::time::Duration::from_secs(1));
     let source = std::process::Command::new(exe)
         .arg0(arg0)
         .args(args)

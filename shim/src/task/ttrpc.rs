@@ -38,15 +38,22 @@ impl TaskService {
         }
     }
 
-    /// Runs one request: counted as in flight (the daemon does not exit
-    /// on idle under it) and panic-guarded.
+    /// Runs one request `what` for task `id`: counted as in flight (the
+    /// daemon does not exit on idle under it), panic-guarded, and logged
+    /// at warn with what it waited on when it took a second or more
+    /// ([`crate::waits::request`]; not Wait, which lasts until the exit).
     async fn guarded<T>(
         &self,
         what: &'static str,
+        id: &str,
         fut: impl std::future::Future<Output = Result<T, ShimError>>,
     ) -> ttrpc::Result<T> {
         let _busy = self.service.begin_request();
-        guarded(what, fut).await
+        if what == "Wait" {
+            guarded(what, fut).await
+        } else {
+            crate::waits::request(what, id, guarded(what, fut)).await
+        }
     }
 
     fn ns(&self, ctx: &TtrpcContext) -> String {
@@ -99,15 +106,20 @@ impl Task for TaskService {
         req: task_api::CreateTaskRequest,
     ) -> ttrpc::Result<task_api::CreateTaskResponse> {
         if req.checkpoint.is_empty() && req.parent_checkpoint.is_empty() {
-            self.guarded("Create", self.service.create(&self.ns(ctx), req)).await
+            self.guarded("Create", &req.id.clone(), self.service.create(&self.ns(ctx), req))
+                .await
         } else {
             Err(ShimError::Unimplemented("restoring from a checkpoint is not supported by nri-shim".into()).into())
         }
     }
 
     async fn start(&self, ctx: &TtrpcContext, req: task_api::StartRequest) -> ttrpc::Result<task_api::StartResponse> {
-        self.guarded("Start", self.service.start(&self.ns(ctx), &req.id, &req.exec_id))
-            .await
+        self.guarded(
+            "Start",
+            &req.id,
+            self.service.start(&self.ns(ctx), &req.id, &req.exec_id),
+        )
+        .await
     }
 
     async fn delete(
@@ -115,8 +127,12 @@ impl Task for TaskService {
         ctx: &TtrpcContext,
         req: task_api::DeleteRequest,
     ) -> ttrpc::Result<task_api::DeleteResponse> {
-        self.guarded("Delete", self.service.delete(&self.ns(ctx), &req.id, &req.exec_id))
-            .await
+        self.guarded(
+            "Delete",
+            &req.id,
+            self.service.delete(&self.ns(ctx), &req.id, &req.exec_id),
+        )
+        .await
     }
 
     async fn kill(&self, ctx: &TtrpcContext, req: task_api::KillRequest) -> ttrpc::Result<Empty> {
@@ -131,17 +147,23 @@ impl Task for TaskService {
 
     async fn wait(&self, ctx: &TtrpcContext, req: task_api::WaitRequest) -> ttrpc::Result<task_api::WaitResponse> {
         let _waiting = self.service.begin_wait();
-        self.guarded("Wait", self.service.wait(&self.ns(ctx), &req.id, &req.exec_id))
+        self.guarded("Wait", &req.id, self.service.wait(&self.ns(ctx), &req.id, &req.exec_id))
             .await
     }
 
     async fn state(&self, ctx: &TtrpcContext, req: task_api::StateRequest) -> ttrpc::Result<task_api::StateResponse> {
-        self.guarded("State", self.service.state(&self.ns(ctx), &req.id, &req.exec_id))
-            .await
+        self.guarded(
+            "State",
+            &req.id,
+            self.service.state(&self.ns(ctx), &req.id, &req.exec_id),
+        )
+        .await
     }
 
     async fn pids(&self, ctx: &TtrpcContext, req: task_api::PidsRequest) -> ttrpc::Result<task_api::PidsResponse> {
-        let pids = self.guarded("Pids", self.service.pids(&self.ns(ctx), &req.id)).await?;
+        let pids = self
+            .guarded("Pids", &req.id, self.service.pids(&self.ns(ctx), &req.id))
+            .await?;
         Ok(task_api::PidsResponse {
             processes: pids
                 .into_iter()
@@ -155,13 +177,13 @@ impl Task for TaskService {
     }
 
     async fn pause(&self, ctx: &TtrpcContext, req: task_api::PauseRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Pause", self.service.pause(&self.ns(ctx), &req.id, true))
+        self.guarded("Pause", &req.id, self.service.pause(&self.ns(ctx), &req.id, true))
             .await?;
         Ok(Empty::new())
     }
 
     async fn resume(&self, ctx: &TtrpcContext, req: task_api::ResumeRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Resume", self.service.pause(&self.ns(ctx), &req.id, false))
+        self.guarded("Resume", &req.id, self.service.pause(&self.ns(ctx), &req.id, false))
             .await?;
         Ok(Empty::new())
     }
@@ -174,7 +196,8 @@ impl Task for TaskService {
     }
 
     async fn exec(&self, ctx: &TtrpcContext, req: task_api::ExecProcessRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Exec", self.service.exec(&self.ns(ctx), req)).await?;
+        self.guarded("Exec", &req.id.clone(), self.service.exec(&self.ns(ctx), req))
+            .await?;
         Ok(Empty::new())
     }
 
@@ -189,18 +212,24 @@ impl Task for TaskService {
     }
 
     async fn close_io(&self, ctx: &TtrpcContext, req: task_api::CloseIORequest) -> ttrpc::Result<Empty> {
-        self.guarded("CloseIO", self.service.close_io(&self.ns(ctx), &req.id, &req.exec_id))
-            .await?;
+        self.guarded(
+            "CloseIO",
+            &req.id,
+            self.service.close_io(&self.ns(ctx), &req.id, &req.exec_id),
+        )
+        .await?;
         Ok(Empty::new())
     }
 
     async fn update(&self, ctx: &TtrpcContext, req: task_api::UpdateTaskRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Update", self.service.update(&self.ns(ctx), req)).await?;
+        self.guarded("Update", &req.id.clone(), self.service.update(&self.ns(ctx), req))
+            .await?;
         Ok(Empty::new())
     }
 
     async fn stats(&self, ctx: &TtrpcContext, req: task_api::StatsRequest) -> ttrpc::Result<task_api::StatsResponse> {
-        self.guarded("Stats", self.service.stats(&self.ns(ctx), &req.id)).await
+        self.guarded("Stats", &req.id, self.service.stats(&self.ns(ctx), &req.id))
+            .await
     }
 
     async fn connect(
@@ -208,7 +237,7 @@ impl Task for TaskService {
         ctx: &TtrpcContext,
         req: task_api::ConnectRequest,
     ) -> ttrpc::Result<task_api::ConnectResponse> {
-        self.guarded("Connect", self.service.connect(&self.ns(ctx), &req.id))
+        self.guarded("Connect", &req.id, self.service.connect(&self.ns(ctx), &req.id))
             .await
     }
 

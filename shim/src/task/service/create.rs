@@ -29,6 +29,7 @@ use crate::{
     sync::lock,
     task::audit::AuditRecord,
     task::events::topics,
+    waits,
 };
 
 /// Undo actions for a create that fails half-way.
@@ -97,7 +98,10 @@ impl Service {
         let id = req.id.as_str();
         let options = crate::cgroups::options::RuntimeOptions::parse(req.options.as_ref())?;
         let bundle = Bundle::new(&req.bundle);
-        let loaded = bundle.load_spec()?;
+        let loaded = {
+            let b = bundle.clone();
+            waits::blocking("read config.json", move || b.load_spec()).await?
+        };
         let mut spec = loaded.spec;
         tracing::debug!(task = id, root = ?spec.root(), args = ?spec.process().as_ref().and_then(|p| p.args().clone()), "creating");
         let defaulted_path = bundle::default_path_env(&mut spec);
@@ -111,12 +115,22 @@ impl Service {
         if role != Role::Sandbox {
             let requested = crate::cdi::annotation_devices(spec.annotations().as_ref())?;
             if !requested.is_empty() {
-                cdi.inject(&mut spec, &requested)?;
-                tracing::info!(task = id, devices = ?requested, "CDI devices injected (annotations)");
+                let (registry, mut s) = (cdi.clone(), spec);
+                let (s, injected) = waits::blocking("CDI spec files", move || {
+                    let r = registry.inject(&mut s, &requested).map(|()| requested);
+                    (s, r)
+                })
+                .await;
+                spec = s;
+                let injected = injected?;
+                tracing::info!(task = id, devices = ?injected, "CDI devices injected (annotations)");
                 cdi_injected = true;
             }
         }
-        undo.mounts = bundle::mount_rootfs(&req.rootfs, &bundle.rootfs())?;
+        undo.mounts = {
+            let (mounts, target) = (req.rootfs.clone(), bundle.rootfs());
+            waits::blocking("mount rootfs", move || bundle::mount_rootfs(&mounts, &target)).await?
+        };
         let nri = self.nri();
         let (pod, announced) = self.ensure_pod(&nri, role, pod).await?;
         if announced {
@@ -132,23 +146,38 @@ impl Service {
             // Undone even when a plugin refuses: plugins called before it
             // may hold resources for this container.
             undo.nri_container = Some((pod.clone(), container.clone()));
-            let created = nri
-                .create_container(api::CreateContainerRequest {
+            let created = waits::timed(
+                "NRI CreateContainer",
+                nri.create_container(api::CreateContainerRequest {
                     pod: MessageField::some(pod.clone()),
                     container: MessageField::some(container.clone()),
                     ..Default::default()
-                })
-                .await?;
+                }),
+            )
+            .await?;
             audit = Some(AuditRecord::new(ns, id, &pod.id, &created.report, &created.response));
-            let rsp = created.response;
-            bundle::check_nri_mounts(rsp.adjust.get_or_default())?;
-            spec::Adjuster::new()
-                .with_cdi_injector(|s, names| cdi.inject(s, names).map_err(|e| e.to_string()))
-                .adjust(&mut spec, rsp.adjust.get_or_default())?;
+            let mut rsp = created.response;
+            let adjust = rsp.adjust.take().unwrap_or_default();
+            // Off the runtime thread: bind sources are checked on disk, CDI
+            // devices a plugin asks for are read from their spec files.
+            let (registry, mut s) = (cdi.clone(), spec);
+            let (s, adjusted) = waits::blocking("apply NRI adjustments", move || {
+                let r = bundle::check_nri_mounts(&adjust).and_then(|()| {
+                    spec::Adjuster::new()
+                        .with_cdi_injector(|s, names| registry.inject(s, names).map_err(|e| e.to_string()))
+                        .adjust(&mut s, &adjust)
+                        .map_err(Into::into)
+                });
+                (s, r)
+            })
+            .await;
+            spec = s;
+            adjusted?;
             updates = rsp.update;
         }
         if role != Role::Sandbox || defaulted_path || defaulted_cgroup || cdi_injected {
-            bundle.write_spec(&spec)?;
+            let (b, s) = (bundle.clone(), spec.clone());
+            waits::blocking("write config.json", move || b.write_spec(&s)).await?;
             undo.config = Some(loaded.original);
         }
         if role != Role::Sandbox {
@@ -175,9 +204,9 @@ impl Service {
         let mut io = ProcessIo::prepare(&stdio, &self.console_path(ns, id))?;
         undo.runner_created = Some(cgroups_path.clone());
         let fds = io.take_fds()?;
-        let process = self
-            .runner()
-            .create(
+        let process = waits::timed(
+            "libcontainer create",
+            self.runner().create(
                 CreateRequest {
                     id,
                     bundle: bundle.dir(),
@@ -185,23 +214,31 @@ impl Service {
                     systemd_cgroup: options.systemd_cgroup,
                 },
                 fds,
-            )
-            .await?;
-        io.attach_console()?;
+            ),
+        )
+        .await?;
+        if io.console_socket.is_some() {
+            // Accepting the console connection waits for libcontainer.
+            io = waits::blocking("receive the terminal", move || io.attach_console().map(|()| io)).await?;
+        }
         container.pid = process.pid() as u32;
         let init = Proc::new("", stdio, None);
         *lock(&init.process) = Some(process);
         *lock(&init.io) = Some(io);
-        bundle.clear_exit_status();
         let own_pid_namespace = bundle::has_own_pid_namespace(&spec);
         let env = spec
             .process()
             .as_ref()
             .and_then(|p| p.env().clone())
             .unwrap_or_default();
-        if let Some(audit) = audit {
-            self.keep_audit(&audit);
-        }
+        let (b, state_root) = (bundle.clone(), self.inner.state_root.clone());
+        waits::blocking("write records", move || {
+            b.clear_exit_status();
+            if let Some(audit) = audit {
+                keep_audit(&state_root, &audit);
+            }
+        })
+        .await;
         let rootfs_mounts = std::mem::take(&mut undo.mounts);
         *undo = Undo::default();
         Ok(Arc::new(Task {
@@ -250,11 +287,13 @@ impl Service {
             }
         }
     }
+}
 
-    /// Keeps a created container's audit record and logs, at info, the
-    /// plugins that changed it. A record that cannot be written does not
-    /// fail the create (the container is adjusted and runs): it is logged.
-    fn keep_audit(&self, audit: &AuditRecord) {
+/// Keeps a created container's audit record and logs, at info, the
+/// plugins that changed it. A record that cannot be written does not
+/// fail the create (the container is adjusted and runs): it is logged.
+fn keep_audit(state_root: &std::path::Path, audit: &AuditRecord) {
+    {
         let changed_by = audit.changed_by();
         tracing::info!(
             task = %audit.id,
@@ -264,11 +303,13 @@ impl Service {
             called = audit.plugins.len(),
             "NRI adjustments applied"
         );
-        if let Err(e) = audit.write(&self.inner.state_root) {
+        if let Err(e) = audit.write(state_root) {
             tracing::warn!(task = %audit.id, error = %crate::error::chain(&e), "NRI audit record not kept");
         }
     }
+}
 
+impl Service {
     /// The console socket of a task's init.
     fn console_path(&self, ns: &str, id: &str) -> PathBuf {
         crate::layout::init_console(&self.inner.state_root, ns, id)
@@ -300,10 +341,16 @@ impl Service {
         if let Some(pod) = &undo.nri_pod {
             self.forget_pod(&nri, pod).await;
         }
-        if let Some(original) = undo.config {
-            Bundle::new(&req.bundle).restore_spec(&original);
-        }
-        bundle::unmount_all(&undo.mounts);
-        let _ = std::fs::remove_file(self.console_path(ns, &req.id));
+        let (dir, console, mounts) = (req.bundle.clone(), self.console_path(ns, &req.id), undo.mounts);
+        let detached = waits::blocking("undo the create's files and mounts", move || {
+            if let Some(original) = undo.config {
+                Bundle::new(&dir).restore_spec(&original);
+            }
+            let _ = std::fs::remove_file(console);
+            bundle::detach_all(&mounts)
+        })
+        .await;
+        // The filesystem's release syncs it: nobody waits for that.
+        tokio::task::spawn_blocking(move || drop(detached));
     }
 }

@@ -6,7 +6,7 @@ use containerd_shim_protos::{api as task_api, events::task as ev};
 use protobuf::MessageField;
 
 use super::{Service, Status, timestamp};
-use crate::{container::bundle, error::Result, sync::lock, task::events::topics, task::monitor::ExitStatus};
+use crate::{container::bundle, error::Result, sync::lock, task::events::topics, task::monitor::ExitStatus, waits};
 
 /// How long a delete waits for a killed, never started process's reaping.
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,9 +54,32 @@ impl Service {
         }
         self.nri_stopped(&task).await;
         self.nri_removed(&task).await;
-        self.runner().delete(id, Some(&task.cgroups_path)).await?;
-        crate::task::audit::AuditRecord::remove(&self.inner.state_root, ns, id);
-        bundle::unmount_all(&task.rootfs_mounts);
+        waits::timed(
+            "libcontainer delete",
+            self.runner().delete(id, Some(&task.cgroups_path)),
+        )
+        .await?;
+        let (state_root, ns_, id_, mounts) = (
+            self.inner.state_root.clone(),
+            ns.to_string(),
+            id.to_string(),
+            task.rootfs_mounts.clone(),
+        );
+        // The mount point is free when Delete returns (containerd removes
+        // the bundle next); the filesystem's release, which syncs it, is
+        // left to a thread nobody waits for.
+        let detached = waits::blocking("unmount rootfs", move || {
+            crate::task::audit::AuditRecord::remove(&state_root, &ns_, &id_);
+            bundle::detach_all(&mounts)
+        })
+        .await;
+        tokio::task::spawn_blocking(move || {
+            drop(detached);
+            // Hand the freed task's memory back to the kernel: the daemon
+            // stays resident on every node.
+            // SAFETY: malloc_trim only releases free heap pages.
+            unsafe { libc::malloc_trim(0) };
+        });
         self.inner.tasks.remove(ns, id);
         self.nri_pod_removed(&task).await;
         self.publish(
@@ -72,10 +95,6 @@ impl Service {
             }),
         );
         tracing::info!(task = id, namespace = ns, exit_status = rsp.exit_status, "task deleted");
-        // Hand the freed task's memory back to the kernel: the daemon stays
-        // resident on every node.
-        // SAFETY: malloc_trim only releases free heap pages.
-        unsafe { libc::malloc_trim(0) };
         crate::node::shimlog::SHIM_LOG.detach(&format!("{ns}/{id}"));
         Ok(rsp)
     }

@@ -125,7 +125,8 @@ impl Service {
         tracing::info!(task = %task.id, exec = %proc.exec_id, pid = process.pid(), exit_status = st.code, "process exited");
         let was = proc.status.update(Status::exit);
         if is_init {
-            crate::container::bundle::Bundle::new(&task.bundle).write_exit_status(st.code);
+            let bundle = crate::container::bundle::Bundle::new(&task.bundle);
+            crate::waits::blocking("write the exit status", move || bundle.write_exit_status(st.code)).await;
             lock(&task.container).state = api::ContainerState::CONTAINER_STOPPED.into();
             // Execs die with the init's pid namespace: publish their exits first.
             let execs: Vec<Arc<Proc>> = lock(&task.execs).values().cloned().collect();

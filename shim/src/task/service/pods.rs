@@ -104,7 +104,7 @@ impl Service {
                 pod.id
             ))),
             (_, _) => {
-                nri.run_pod_sandbox(&pod).await?;
+                crate::waits::timed("NRI RunPodSandbox", nri.run_pod_sandbox(&pod)).await?;
                 self.inner.pods.insert(&pod);
                 Ok((pod, true))
             }
@@ -130,20 +130,18 @@ impl Service {
         match task.role {
             Role::Sandbox => {
                 if self.inner.pods.stop(&task.pod_id)
-                    && let Err(e) = nri.stop_pod_sandbox(&pod).await
+                    && let Err(e) = crate::waits::timed("NRI StopPodSandbox", nri.stop_pod_sandbox(&pod)).await
                 {
                     tracing::warn!(pod = %pod.id, error = %crate::error::chain(&e), "NRI StopPodSandbox failed");
                 }
             }
             Role::Container | Role::OwnPod => {
-                match nri
-                    .stop_container(api::StopContainerRequest {
-                        pod: MessageField::some(pod),
-                        container: MessageField::some(task.nri_container()),
-                        ..Default::default()
-                    })
-                    .await
-                {
+                let stop = nri.stop_container(api::StopContainerRequest {
+                    pod: MessageField::some(pod),
+                    container: MessageField::some(task.nri_container()),
+                    ..Default::default()
+                });
+                match crate::waits::timed("NRI StopContainer", stop).await {
                     Ok(updates) if !updates.is_empty() => {
                         self.apply_updates(updates).await;
                     }
@@ -162,7 +160,8 @@ impl Service {
         let nri = self.nri();
         let pod = self.pod(&task.pod_id);
         if task.role != Role::Sandbox
-            && let Err(e) = nri.remove_container(&pod, &task.nri_container()).await
+            && let Err(e) =
+                crate::waits::timed("NRI RemoveContainer", nri.remove_container(&pod, &task.nri_container())).await
         {
             tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "NRI RemoveContainer failed");
         }
@@ -174,7 +173,7 @@ impl Service {
         let pod = self.pod(&task.pod_id);
         match task.role {
             Role::Sandbox => {
-                if let Err(e) = nri.remove_pod_sandbox(&pod).await {
+                if let Err(e) = crate::waits::timed("NRI RemovePodSandbox", nri.remove_pod_sandbox(&pod)).await {
                     tracing::warn!(pod = %pod.id, error = %crate::error::chain(&e), "NRI RemovePodSandbox failed");
                 }
                 self.inner.pods.remove(&task.pod_id);

@@ -56,9 +56,9 @@ impl Service {
         let nri = self.nri();
         let pod = self.pod(&task.pod_id);
         if task.role != Role::Sandbox {
-            nri.start_container(&pod, &task.nri_container()).await?;
+            crate::waits::timed("NRI StartContainer", nri.start_container(&pod, &task.nri_container())).await?;
         }
-        self.runner().start(&task.id).await?;
+        crate::waits::timed("libcontainer start", self.runner().start(&task.id)).await?;
         let pid = task.init.pid();
         task.init.status.update(Status::started);
         lock(&task.container).state = nri_adaptation::api::ContainerState::CONTAINER_RUNNING.into();
@@ -92,11 +92,15 @@ impl Service {
         let mut io = ProcessIo::prepare(&proc.stdio, &dir.join(format!("{tag}.console")))?;
         let spec = proc.spec.clone().unwrap_or(serde_json::Value::Null);
         let fds = io.take_fds()?;
-        let process = self
-            .runner()
-            .exec(&task.id, &spec, io.console_socket.as_deref(), fds)
-            .await?;
-        io.attach_console()?;
+        let process = crate::waits::timed(
+            "libcontainer exec",
+            self.runner().exec(&task.id, &spec, io.console_socket.as_deref(), fds),
+        )
+        .await?;
+        if io.console_socket.is_some() {
+            // Accepting the console connection waits for libcontainer.
+            io = crate::waits::blocking("receive the terminal", move || io.attach_console().map(|()| io)).await?;
+        }
         let pid = process.pid() as u32;
         *lock(&proc.process) = Some(process);
         *lock(&proc.io) = Some(io);
