@@ -28,11 +28,16 @@ pub const LOG_FIFO: &str = "log";
 #[derive(Default)]
 pub struct ShimLog {
     fifos: Mutex<Vec<(String, File)>>,
+    /// The daemon's instance: once the log thread runs, fifos are attached
+    /// and detached in the order of the lines around them (a task's last
+    /// line reaches its fifo before the fifo is closed).
+    queued: bool,
 }
 
 /// The daemon's instance, used by [`writer`].
 pub static SHIM_LOG: ShimLog = ShimLog {
     fifos: Mutex::new(Vec::new()),
+    queued: true,
 };
 
 impl ShimLog {
@@ -55,22 +60,24 @@ impl ShimLog {
         else {
             return false;
         };
-        let mut fifos = self.lock();
-        fifos.retain(|(k, _)| k != key);
-        fifos.push((key.to_string(), file));
+        self.change(FifoChange::Attach(key.to_string(), file));
         true
     }
 
     /// Stops forwarding to the fifo of task `key` (closing it, which ends
-    /// containerd's copy).
+    /// containerd's copy), after the lines logged before.
     pub fn detach(&self, key: &str) {
-        self.lock().retain(|(k, _)| k != key);
+        self.change(FifoChange::Detach(key.to_string()));
     }
 
-    /// The open fifos, oldest first: (task key, fd). The fds stay valid
-    /// while attached (an upgrade duplicates them for the next image).
+    /// The open fifos, oldest first: (task key, fd), once every change
+    /// queued before is made. The fds stay valid while attached (an
+    /// upgrade duplicates them for the next image).
     pub fn fds(&self) -> Vec<(String, std::os::fd::RawFd)> {
         use std::os::fd::AsRawFd as _;
+        if self.queued {
+            flush_log(std::time::Duration::from_secs(1));
+        }
         self.lock().iter().map(|(k, f)| (k.clone(), f.as_raw_fd())).collect()
     }
 
@@ -78,9 +85,32 @@ impl ShimLog {
     /// [`ShimLog::fds`]), as the newest: containerd's copy never saw the
     /// fifo's writer go.
     pub fn adopt(&self, key: &str, fd: std::os::fd::OwnedFd) {
+        self.change(FifoChange::Attach(key.to_string(), File::from(fd)));
+    }
+
+    /// Makes `change` now, or for the daemon's instance once the log
+    /// thread runs, in its turn among the lines.
+    fn change(&self, change: FifoChange) {
+        let change = match (self.queued, QUEUE.get()) {
+            (true, Some(q)) => match q.send(Queued::Fifo(change)) {
+                Ok(()) => return,
+                Err(std::sync::mpsc::SendError(Queued::Fifo(c))) => c,
+                Err(_) => return,
+            },
+            _ => change,
+        };
+        self.apply(change);
+    }
+
+    fn apply(&self, change: FifoChange) {
         let mut fifos = self.lock();
-        fifos.retain(|(k, _)| k != key);
-        fifos.push((key.to_string(), File::from(fd)));
+        match change {
+            FifoChange::Attach(key, file) => {
+                fifos.retain(|(k, _)| *k != key);
+                fifos.push((key, file));
+            }
+            FifoChange::Detach(key) => fifos.retain(|(k, _)| *k != key),
+        }
     }
 
     /// Number of fifos written to.
@@ -206,14 +236,25 @@ pub fn writer() -> QueuedWriter {
 /// counted in a line of their own) rather than block the daemon.
 const QUEUE_LINES: usize = 16 * 1024;
 
+/// A change of the fifos lines are forwarded to.
+enum FifoChange {
+    Attach(String, File),
+    Detach(String),
+}
+
 enum Queued {
     Line(Vec<u8>),
+    Fifo(FifoChange),
     /// Everything queued before it has been written: acknowledge.
     Flush(std::sync::mpsc::Sender<()>),
 }
 
-/// The log thread's queue, once started.
-static QUEUE: std::sync::OnceLock<std::sync::mpsc::SyncSender<Queued>> = std::sync::OnceLock::new();
+/// The log thread's queue, once started. Unbounded: lines are counted in
+/// [`QUEUED`] and dropped beyond [`QUEUE_LINES`]; fifo changes and flushes
+/// are never dropped.
+static QUEUE: std::sync::OnceLock<std::sync::mpsc::Sender<Queued>> = std::sync::OnceLock::new();
+/// Lines in the queue.
+static QUEUED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// Lines dropped because the queue was full, not yet reported.
 static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -229,12 +270,13 @@ pub fn start_log_thread() -> io::Result<()> {
     if QUEUE.get().is_some() {
         return Ok(());
     }
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Queued>(QUEUE_LINES);
+    let (tx, rx) = std::sync::mpsc::channel::<Queued>();
     std::thread::Builder::new().name("nri-shim-log".into()).spawn(move || {
         let mut out = LogWriter { log: &SHIM_LOG };
         for msg in rx {
             match msg {
                 Queued::Line(line) => {
+                    QUEUED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                     let dropped = DROPPED.swap(0, std::sync::atomic::Ordering::Relaxed);
                     if dropped > 0 {
                         let note = format!(
@@ -245,6 +287,7 @@ pub fn start_log_thread() -> io::Result<()> {
                     }
                     let _ = out.write(&line);
                 }
+                Queued::Fifo(change) => SHIM_LOG.apply(change),
                 Queued::Flush(done) => {
                     let _ = done.send(());
                 }
@@ -260,7 +303,7 @@ pub fn start_log_thread() -> io::Result<()> {
 pub fn flush_log(patience: std::time::Duration) {
     if let Some(q) = QUEUE.get() {
         let (tx, rx) = std::sync::mpsc::channel();
-        if q.try_send(Queued::Flush(tx)).is_ok() {
+        if q.send(Queued::Flush(tx)).is_ok() {
             let _ = rx.recv_timeout(patience);
         }
     }
@@ -272,16 +315,18 @@ pub struct QueuedWriter;
 
 impl Write for QueuedWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
         match QUEUE.get() {
-            Some(q) => match q.try_send(Queued::Line(buf.to_vec())) {
-                Ok(()) => {}
-                Err(std::sync::mpsc::TrySendError::Full(_)) => {
-                    DROPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+            Some(_) if QUEUED.load(Relaxed) >= QUEUE_LINES => {
+                DROPPED.fetch_add(1, Relaxed);
+            }
+            Some(q) => {
+                QUEUED.fetch_add(1, Relaxed);
+                if q.send(Queued::Line(buf.to_vec())).is_err() {
+                    QUEUED.fetch_sub(1, Relaxed);
                     LogWriter { log: &SHIM_LOG }.write_all(buf)?;
                 }
-            },
+            }
             None => LogWriter { log: &SHIM_LOG }.write_all(buf)?,
         }
         Ok(buf.len())
