@@ -773,8 +773,9 @@ async fn errors_name_the_mount_path_and_errno() {
 }
 
 /// The cgroup v1 controller mounts of a container as `root mountpoint
-/// options` (mountinfo fields 4 to 6), without name=systemd (which
-/// libcontainer does not join), from what the container printed.
+/// options` (mountinfo fields 4 to 6), without name=systemd (see
+/// `named_and_unified_hierarchies_as_with_runc`), from what the container
+/// printed.
 fn controller_mounts(out: &str) -> Vec<String> {
     out.lines()
         .map(|l| l.split(' ').skip(3).take(3).collect::<Vec<_>>().join(" "))
@@ -887,4 +888,84 @@ async fn recursive_read_only_bind_matches_runc() {
     ]) {
         expect_value(&format!("bind mount with {option}"), &contract.to_string(), runc, ours);
     }
+}
+
+/// Issue 29 items 2 and 3, on a hybrid host (the controllers in cgroup v1,
+/// the named `name=systemd` hierarchy, a cgroup v2 hierarchy beside them):
+/// the container's processes are in the container's own cgroup in the
+/// named and the v2 hierarchy too (before the patch `name=systemd:/` and
+/// `0::/`, the root of systemd's tree), its `/sys/fs/cgroup/systemd`
+/// shows only its own subtree (before: the host's whole tree, other
+/// containers included), and the delete removes both directories; as
+/// with runc.
+#[tokio::test(flavor = "current_thread")]
+async fn named_and_unified_hierarchies_as_with_runc() {
+    let _serial = SERIAL.lock().await;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mount_of = |fs: &str, opt: &str| {
+        mountinfo
+            .lines()
+            .find(|l| l.contains(&format!(" - {fs} ")) && l.contains(opt))
+            .and_then(|l| l.split(' ').nth(4))
+            .map(PathBuf::from)
+    };
+    let (Some(named), Some(unified)) = (mount_of("cgroup", "name=systemd"), mount_of("cgroup2", "")) else {
+        panic!("this test is about a hybrid cgroup v1 host with the name=systemd hierarchy and a cgroup2 mount");
+    };
+    let probe = [
+        "/bin/sh",
+        "-c",
+        "grep -E ':name=systemd:|^0::' /proc/self/cgroup; \
+         awk '$5 == \"/sys/fs/cgroup/systemd\" {print \"mount root\", $4}' /proc/self/mountinfo; \
+         ls /sys/fs/cgroup/systemd | tr '\\n' ' '; echo",
+    ];
+    let mut results = Vec::new();
+    let shim = Shim::new();
+    let runc = Runc::new();
+    for runtime in ["runc", "nri-shim"] {
+        let name = format!("hier-{runtime}");
+        let mut s = spec(&name, &probe);
+        s["mounts"].as_array_mut().unwrap().extend([
+            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+            json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
+        ]);
+        let out = if runtime == "runc" {
+            let o = runc.run_foreground(&name, &s);
+            format!("{}{}", o.stdout, o.stderr)
+        } else {
+            shim.run(&name, &s).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+            tokio::time::timeout(Duration::from_secs(10), shim.service.wait("test", &name, ""))
+                .await
+                .expect("container ends within 10 s")
+                .unwrap();
+            let out = shim.output(&name);
+            shim.remove(&name).await;
+            out
+        };
+        let path = cgroups_path(&name);
+        let rel = path.trim_start_matches('/');
+        let left = [named.join(rel), unified.join(rel)]
+            .iter()
+            .filter(|d| d.exists())
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>();
+        let mut seen: Vec<String> = out.lines().map(|l| l.replace(&path, "<cgroupsPath>")).collect();
+        seen.push(format!("left after delete: {left:?}"));
+        results.push(seen);
+    }
+    // The hierarchy's number varies from host to host; the listing is a
+    // cgroup directory's own files, with no other cgroup under it.
+    let contract = [
+        "{*}:name=systemd:<cgroupsPath>",
+        "0::<cgroupsPath>",
+        "mount root <cgroupsPath>",
+        "cgroup.clone_children cgroup.procs notify_on_release tasks ",
+        "left after delete: []",
+    ];
+    expect_lines(
+        "name=systemd and cgroup v2 hierarchies",
+        &contract,
+        &results[0],
+        &results[1],
+    );
 }
