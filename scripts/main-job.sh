@@ -13,6 +13,7 @@ nri_need_packages pkg-config libseccomp-dev containerd busybox-static
 bindir=${NRI_SHIM_BIN_DIR:-}
 if [ -z "$bindir" ]; then
     echo "== building (release; the first build takes about 5 minutes on 2 idle cores)"
+    nri_need_rust
     nri_patch_crates
     cargo build --release --locked -p nri-shim -p nri-adjuster
     bindir=target/release

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test of nri-shim. On a fresh Debian machine (as root) it first
 # installs the system packages the build and the tests need.
+#
+# Every part runs even when one before failed (a failure on containerd 1.6
+# does not hide 1.7 and 2.1); the run ends with one summary line per part
+# (passed or FAILED, and its time) and exits non-zero if any part failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
 . scripts/lib/containerd-versions.sh
 
+nri_need_rust
 # containerd and busybox-static: the end-to-end tests run a real containerd
 # with busybox containers; libseccomp-dev: libcontainer links libseccomp.
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static
@@ -21,16 +26,41 @@ nri_need_packages curl
 nri_containerd_versions
 
 nri_patch_crates
+
+summary=()
+failed=0
+# part NAME COMMAND...: runs the command, records its outcome and time.
+part() {
+    local name=$1 start rc=0
+    shift
+    start=$(date +%s)
+    echo "== $name" >&2
+    "$@" || rc=$?
+    local took=$(($(date +%s) - start))
+    if [ "$rc" -eq 0 ]; then
+        summary+=("passed  $name (${took} s)")
+    else
+        summary+=("FAILED  $name (${took} s, exit status $rc)")
+        failed=1
+    fi
+}
+
 # The assembly itself: a patch that no longer applies, edits kept, pins.
-python3 scripts/tests/patch_crates_test.py
-cargo test --workspace --locked --no-fail-fast
+part "patch-crates tests" python3 scripts/tests/patch_crates_test.py
+part "workspace (containerd $(containerd --version | awk '{print $3}'), system's)" \
+    cargo test --workspace --locked --no-fail-fast
 # The containerd tests, the CRI lane, the node-safety tests (containerd
 # restarts, config reloads, in-place upgrades) and the kubelet-shaped
-# workload under load again on each containerd line unpacked above (the workspace run used the system's 1.6); the
-# integration tests pick the line from NRI_CONTAINERD.
+# workload under load again on each containerd line unpacked above (the
+# workspace run used the system's 1.6); the integration tests pick the
+# line from NRI_CONTAINERD.
 for entry in "${NRI_CONTAINERD_LINES[@]}"; do
     line=${entry%% *}
-    echo "== containerd $line: integration tests containerd, cri, node_safe, node_reload, upgrade, kubelet_workload" >&2
-    NRI_CONTAINERD=$line cargo test --locked --no-fail-fast -p integration \
+    part "containerd $line: containerd, cri, node_safe, node_reload, upgrade, kubelet_workload" \
+        env NRI_CONTAINERD="$line" cargo test --locked --no-fail-fast -p integration \
         --test containerd --test cri --test node_safe --test node_reload --test upgrade --test kubelet_workload
 done
+
+echo "== summary" >&2
+printf '%s\n' "${summary[@]}" >&2
+exit "$failed"

@@ -1,9 +1,10 @@
 //! Pod density under containerd's CRI, runc against nri-shim on one
 //! containerd (the CRI lane's harness, `integration::cri`): N pods (50 and
 //! 100, or `NRI_DENSITY_N=a,b`) with one `sleep` container each, created
-//! sequentially and 10 at a time. For each handler and mode it prints the
-//! wall time until all N containers are RUNNING (from the first
-//! RunPodSandbox), the process count and the summed RSS and PSS of the
+//! sequentially and 10 at a time (`NRI_DENSITY_CONCURRENCY`). For each
+//! handler and mode it prints the wall time until all N containers are
+//! RUNNING (from the first RunPodSandbox), the median and slowest
+//! RunPodSandbox, the process count and the summed RSS and PSS of the
 //! handler's shim processes while the N pods run (runc: one
 //! `containerd-shim-runc-v2` per pod; nri-shim: its daemon and helpers),
 //! their container processes (pause and `sleep`) counted apart, and the
@@ -29,8 +30,14 @@ use integration::{
 };
 use tokio::task::JoinSet;
 
-/// Pods created (and removed) at the same time in the concurrent mode.
-const CONCURRENCY: usize = 10;
+/// Pods created (and removed) at the same time in the concurrent mode
+/// (`NRI_DENSITY_CONCURRENCY`, default 10).
+fn concurrency() -> usize {
+    std::env::var("NRI_DENSITY_CONCURRENCY")
+        .ok()
+        .map(|s| s.parse().expect("NRI_DENSITY_CONCURRENCY: a number of pods"))
+        .unwrap_or(10)
+}
 /// How long one pod may take to run its container.
 const POD_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -146,7 +153,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let width = if concurrent { CONCURRENCY } else { 1 };
+    let width = if concurrent { concurrency() } else { 1 };
     let t = Instant::now();
     let mut set = JoinSet::new();
     for i in 0..n {
@@ -167,18 +174,29 @@ fn mib(kib: u64) -> f64 {
 
 /// N pods of `handler`, created, measured and removed; prints the figures.
 async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
-    let mode = if concurrent { "10 at a time" } else { "sequential" };
-    let tag = if concurrent { "c10" } else { "seq" };
+    let mode = if concurrent {
+        format!("{} at a time", concurrency())
+    } else {
+        "sequential".to_string()
+    };
+    let tag = if concurrent {
+        format!("c{}", concurrency())
+    } else {
+        "seq".to_string()
+    };
     let label = format!("N={n:<3} {mode:<12} {handler:<8}");
     let client = cri.client().await;
     let cfgs: Vec<api::PodSandboxConfig> = (0..n)
         .map(|i| cri.pod_config(&format!("density-{tag}-{n}-{i}"), "density", handler, |_| {}))
         .collect();
     let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let run_pod = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let took = run_all(n, concurrent, |i| {
-        let (mut c, cfg, ids) = (client.clone(), cfgs[i].clone(), ids.clone());
+        let (mut c, cfg, ids, run_pod) = (client.clone(), cfgs[i].clone(), ids.clone(), run_pod.clone());
         async move {
+            let t = Instant::now();
             let pod = c.run_pod(&cfg, handler).await;
+            run_pod.lock().unwrap().push(t.elapsed());
             c.create_running(&pod, &cfg, container("c", &["sleep", "100000"]), POD_TIMEOUT)
                 .await;
             ids.lock().unwrap().push(pod);
@@ -189,6 +207,13 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
         "{label} all {n} containers running  {:8.2} s  ({:.0} ms/pod)",
         took.as_secs_f64(),
         took.as_secs_f64() * 1000.0 / n as f64
+    );
+    let mut run_pod = std::mem::take(&mut *run_pod.lock().unwrap());
+    run_pod.sort();
+    println!(
+        "{label} RunPodSandbox             median {:.2} s, slowest {:.2} s",
+        run_pod[run_pod.len() / 2].as_secs_f64(),
+        run_pod.last().unwrap().as_secs_f64()
     );
     let f = footprint(handler, &cri.sock);
     println!(

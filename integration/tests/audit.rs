@@ -76,6 +76,20 @@ fn inspect_names_the_plugin_of_every_changed_field_until_the_task_is_deleted() {
     assert!(line.contains(" INFO "), "{line}");
     assert!(line.contains(r#"changed_by=["10-env", "20-limits"]"#), "{line}");
 
+    // Without NRI_SHIM_CONFIG (the daemon's state_root is this test's, not
+    // the default): found through the running daemon.
+    let bare = std::process::Command::new(workspace_bin("containerd-shim-nri-shim-v2"))
+        .env_remove("NRI_SHIM_CONFIG")
+        .args(["inspect", "aud-c1"])
+        .output()
+        .expect("run inspect");
+    assert!(bare.status.success(), "{}", output_text(&bare));
+    assert!(
+        output_text(&bare).contains("container default/aud-c1"),
+        "{}",
+        output_text(&bare)
+    );
+
     // The namespace narrows; another namespace has nothing.
     assert!(inspect(&c, &["-namespace", "default", "aud-c1"]).status.success());
     let other = inspect(&c, &["-namespace", "k8s.io", "aud-c1"]);
@@ -93,4 +107,10 @@ fn inspect_names_the_plugin_of_every_changed_field_until_the_task_is_deleted() {
     }
     let gone = inspect(&c, &["aud-c1"]);
     assert!(!gone.status.success(), "{}", output_text(&gone));
+    // The error says where it looked and what to set.
+    assert!(
+        output_text(&gone).contains("set NRI_SHIM_CONFIG"),
+        "{}",
+        output_text(&gone)
+    );
 }

@@ -355,7 +355,8 @@ fn a_kubelet_workload_under_load_never_waits_a_second() {
     let reached = |id: &str| -> Option<f64> {
         let line = ctrd_log
             .lines()
-            .find(|l| l.contains("received exit event") && l.contains(id))?;
+            // 1.6 and 1.7: "received exit event", 2.x: "received container exit event".
+            .find(|l| l.contains("received") && l.contains("exit event") && l.contains(id))?;
         let t = line.split("time=\"").nth(1)?.split('"').next()?;
         let at = humantime::parse_rfc3339(t).ok()?;
         let ago = wall0.duration_since(at).ok()?;

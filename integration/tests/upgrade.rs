@@ -651,3 +651,38 @@ fn an_upgrade_whose_nri_cannot_start_says_so() {
     wait_status(&c, "upg-nri", "STOPPED");
     std::fs::remove_dir(&c.nri_sock).unwrap();
 }
+
+/// Issue 31 item 3: `upgrade` finds the daemon of a containerd (its
+/// `-address`) without `NRI_SHIM_CONFIG`, whose state_root is not the
+/// default here; for a containerd no daemon serves, it names what it
+/// looked for and the variable to set.
+#[test]
+fn upgrade_finds_the_daemon_without_its_config() {
+    let c = Containerd::start(Setup::default());
+    run_in(&c, "upg-bare", &["-d"], &["/bin/sleep", "300"]);
+    let bin = workspace_bin("containerd-shim-nri-shim-v2");
+    let out = std::process::Command::new(&bin)
+        .args(["-address", &c.sock.display().to_string(), "upgrade"])
+        .env_remove("NRI_SHIM_CONFIG")
+        .output()
+        .expect("run the upgrade action");
+    assert!(
+        out.status.success(),
+        "upgrade: {}\nshim log:\n{}",
+        text(&out),
+        tail(&c.shim_log(), 40)
+    );
+    assert_eq!(status_of(&c, "upg-bare").as_deref(), Some("RUNNING"));
+    let out = std::process::Command::new(&bin)
+        .args(["-address", "/nonexistent/containerd.sock", "upgrade"])
+        .env_remove("NRI_SHIM_CONFIG")
+        .output()
+        .expect("run the upgrade action");
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("no nri-shim daemon found for containerd at /nonexistent/containerd.sock")
+            && said.contains("set NRI_SHIM_CONFIG"),
+        "{said}"
+    );
+}

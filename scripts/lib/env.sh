@@ -16,6 +16,23 @@ nri_need_packages() {
     fi
 }
 
+# nri_need_rust: fails, saying what to do, unless cargo and a rustc at least
+# as new as the workspace's rust-version (Cargo.toml) are on PATH. Debian
+# 12's packaged rustc (1.63) is too old for edition 2024.
+nri_need_rust() {
+    local want have
+    want=$(sed -n 's/^rust-version = "\([0-9.]*\)"/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../../Cargo.toml")
+    if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
+        echo "nri-shim needs Rust $want or later (cargo and rustc on PATH): install it with rustup (https://rustup.rs)" >&2
+        return 1
+    fi
+    have=$(rustc --version | awk '{print $2}')
+    if [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -n 1)" != "$want" ]; then
+        echo "nri-shim needs Rust $want or later (edition 2024); this rustc is $have$( [ "$(command -v rustc)" = /usr/bin/rustc ] && echo ", Debian's package" ): install a newer toolchain with rustup (https://rustup.rs) and put it first on PATH" >&2
+        return 1
+    fi
+}
+
 # nri_patch_crates: assembles the crates.io packages the workspace builds
 # with our patch files (scripts/patch-crates.py, patches/*/PATCHES.md);
 # every script runs it before its first cargo command. Nothing to do (well

@@ -12,6 +12,7 @@ pub mod gate;
 pub mod metrics;
 pub mod plugin_watch;
 pub mod reload;
+pub mod running;
 pub mod shimlog;
 pub mod start;
 pub mod upgrade;

@@ -292,18 +292,31 @@ pub fn write_result(daemon_dir: &Path, text: &str) {
 /// # Errors
 /// When no daemon runs, or a daemon reports a failure or none in time.
 pub fn upgrade_action(state_root: &Path, address: &str) -> anyhow::Result<String> {
-    use anyhow::{Context as _, bail};
-    let dirs: Vec<PathBuf> = if address.is_empty() {
+    use anyhow::bail;
+    let running = crate::node::running::running_daemons();
+    let mut dirs: Vec<PathBuf> = if address.is_empty() {
         std::fs::read_dir(state_root)
-            .with_context(|| format!("read {}", state_root.display()))?
+            .into_iter()
+            .flatten()
             .flatten()
             .map(|e| e.path())
             // A daemon killed (or a containerd gone) leaves its pid file.
             .filter(|d| live_daemon(d).is_ok())
             .collect()
     } else {
-        vec![crate::node::start::daemon_dir(state_root, address)]
+        let configured = crate::node::start::daemon_dir(state_root, address);
+        if live_daemon(&configured).is_ok() {
+            vec![configured]
+        } else {
+            Vec::new()
+        }
     };
+    // Daemons started with another config (another state_root).
+    for d in running {
+        if (address.is_empty() || d.address == address) && !dirs.contains(&d.dir) {
+            dirs.push(d.dir);
+        }
+    }
     let mut report = String::new();
     let mut failed = Vec::new();
     for dir in &dirs {
@@ -316,7 +329,15 @@ pub fn upgrade_action(state_root: &Path, address: &str) -> anyhow::Result<String
         }
     }
     if dirs.is_empty() {
-        bail!("no nri-shim daemon found under {}", state_root.display());
+        let of = if address.is_empty() {
+            String::new()
+        } else {
+            format!(" for containerd at {address}")
+        };
+        bail!(
+            "no nri-shim daemon found{of}: {}",
+            crate::node::running::not_found_hint(state_root)
+        );
     }
     if !failed.is_empty() {
         bail!("{}", report.trim_end());

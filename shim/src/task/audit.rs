@@ -267,12 +267,17 @@ pub fn inspect_action(state_root: &Path, namespace: Option<&str>, id: &str) -> a
     if id.is_empty() {
         anyhow::bail!("inspect needs a container id");
     }
-    let found = AuditRecord::find(state_root, namespace, id)?;
+    // The configured state root first, then those of the daemons running
+    // (whatever config they were started with).
+    let mut found = Vec::new();
+    for root in crate::node::running::state_roots(state_root) {
+        found.extend(AuditRecord::find(&root, namespace, id)?);
+    }
     if found.is_empty() {
         let ns = namespace.map(|n| format!(" in namespace {n}")).unwrap_or_default();
         anyhow::bail!(
-            "no NRI audit record of container {id}{ns} under {} (a container not run by nri-shim, or deleted)",
-            state_root.display()
+            "no NRI audit record of container {id}{ns} (a container not run by nri-shim, or deleted): {}",
+            crate::node::running::not_found_hint(state_root)
         );
     }
     let mut out = String::new();
