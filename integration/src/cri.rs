@@ -451,15 +451,20 @@ log_level = "debug"
             let lines: Vec<&str> = s.lines().collect();
             lines[lines.len().saturating_sub(n)..].join("\n")
         };
+        format!(
+            "--- containerd.log (tail) ---\n{}\n--- shim.log (tail) ---\n{}",
+            tail(self.log()),
+            tail(self.shim_log())
+        )
+    }
+
+    /// The nri-shim daemon's whole `shim.log`.
+    pub fn shim_log(&self) -> String {
         let mut shim = String::new();
         for d in std::fs::read_dir(&self.shim_state).into_iter().flatten().flatten() {
             shim.push_str(&std::fs::read_to_string(d.path().join("shim.log")).unwrap_or_default());
         }
-        format!(
-            "--- containerd.log (tail) ---\n{}\n--- shim.log (tail) ---\n{}",
-            tail(self.log()),
-            tail(shim)
-        )
+        shim
     }
 
     /// A pod config for `handler`: unique name and uid, a log directory,

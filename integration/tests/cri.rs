@@ -25,6 +25,8 @@ use integration::{
 
 #[path = "cri/security.rs"]
 mod security;
+#[path = "cri/slice_parent.rs"]
+mod slice_parent;
 #[path = "cri/streaming.rs"]
 mod streaming;
 

@@ -345,7 +345,7 @@ fn a_kubelet_workload_under_load_never_waits_a_second() {
         let mut c = cri.client().await;
         c.remove_pod(&pod).await;
     });
-    let log = shim_log(&cri);
+    let log = cri.shim_log();
     let ctrd_log = cri.log();
     cri.teardown();
     let m = m.into_inner().unwrap();
@@ -411,14 +411,4 @@ fn a_kubelet_workload_under_load_never_waits_a_second() {
             .join("\n")
     );
     assert!(warned.is_empty(), "the daemon waited:\n{}", warned.join("\n"));
-}
-
-/// The daemon's whole `shim.log`.
-fn shim_log(cri: &Cri) -> String {
-    std::fs::read_dir(&cri.shim_state)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|d| std::fs::read_to_string(d.path().join("shim.log")).unwrap_or_default())
-        .collect()
 }

@@ -128,13 +128,42 @@ pub fn default_path(namespace: &str, id: &str, systemd: bool) -> PathBuf {
     }
 }
 
+/// The cgroupfs driver's reading of a relative `linux.cgroupsPath`, as
+/// runc's: a directory of that name under the runtime's own cgroup. It
+/// matters for systemd's `slice:prefix:name` form without
+/// `SystemdCgroup = true`, which reaches a node whose kubelet and
+/// containerd disagree on the cgroup driver (or a CRI client of
+/// containerd 1.x, which cannot ask containerd for its driver and assumes
+/// systemd): runc runs the pod in a cgroup literally named so, and so do
+/// we. Returns the absolute path the container gets (the daemon's own
+/// cgroup, `own`, joined with `path` as one name), or `None` for an
+/// absolute path or when `systemd` is set.
+pub fn cgroupfs_relative(path: &Path, systemd: bool, own: &Path) -> Option<PathBuf> {
+    if systemd || path.is_absolute() || path.as_os_str().is_empty() {
+        return None;
+    }
+    Some(own.join(path))
+}
+
+/// The calling process's own cgroup: its path in the unified hierarchy
+/// (`0::`) on a pure cgroup v2 host, else in the memory controller's (v1,
+/// where the controllers' paths are the same for a runtime).
+pub fn own_cgroup() -> PathBuf {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let field = |l: &str| l.splitn(3, ':').nth(2).map(PathBuf::from);
+    text.lines()
+        .find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")))
+        .and_then(field)
+        .or_else(|| text.lines().find(|l| l.starts_with("0::")).and_then(field))
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
 /// runc's rules for the cgroup driver of a container, checked before it
 /// is created: with `SystemdCgroup = true` (`systemd`) systemd must run
 /// the host, the hierarchy must be pure cgroup v2 (libcgroups' systemd
 /// driver has no v1 mode; runc's has) and `cgroups_path` must be
-/// `slice:prefix:name`; without it, a `slice:prefix:name` path is refused
-/// (runc's cgroupfs driver makes a directory of that name at the root of
-/// the hierarchy, outside any slice: never what a node wants).
+/// `slice:prefix:name`. Without it any path is the cgroupfs driver's (a
+/// relative one made absolute first, see [`cgroupfs_relative`]).
 ///
 /// # Errors
 /// [`ShimError::InvalidArgument`] naming the path and the option.
@@ -142,13 +171,7 @@ pub fn check_driver(cgroups_path: Option<&Path>, systemd: bool) -> Result<()> {
     let shown = cgroups_path.map(|p| p.display().to_string()).unwrap_or_default();
     let form = cgroups_path.and_then(SystemdPath::parse);
     if !systemd {
-        return match form {
-            Some(_) => Err(ShimError::InvalidArgument(format!(
-                "linux.cgroupsPath {shown:?} is systemd's slice:prefix:name form, but the runtime options do not set \
-                 SystemdCgroup = true (the cgroupfs driver would make a directory of that name)"
-            ))),
-            None => Ok(()),
-        };
+        return Ok(());
     }
     if !systemd_booted() {
         return Err(ShimError::InvalidArgument(format!(
@@ -240,15 +263,8 @@ mod tests {
 
     #[test]
     fn driver_and_path_form_must_agree() {
-        // No systemd option: a systemd-form path is refused, naming it
-        // and the option; a cgroupfs path is fine.
-        let e = check_driver(Some(Path::new("k.slice:cri-containerd:c1")), false)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("k.slice:cri-containerd:c1") && e.contains("SystemdCgroup"),
-            "{e}"
-        );
+        // No systemd option: any path is the cgroupfs driver's.
+        check_driver(Some(Path::new("/own/k.slice:cri-containerd:c1")), false).unwrap();
         check_driver(Some(Path::new("/default/c1")), false).unwrap();
         check_driver(None, false).unwrap();
         // With it: refused here unless systemd runs this host with a
@@ -264,6 +280,33 @@ mod tests {
             );
         let r = check_driver(Some(Path::new("k.slice:cri-containerd:c1")), true);
         assert_eq!(r.is_ok(), host_ok, "{r:?}");
+    }
+
+    /// runc's cgroupfs driver: a relative path (systemd's form too) is a
+    /// directory of that name under the runtime's own cgroup.
+    #[test]
+    fn a_relative_path_is_under_the_runtimes_own_cgroup_without_systemd() {
+        let own = Path::new("/system.slice/containerd.service");
+        assert_eq!(
+            cgroupfs_relative(Path::new("test.slice:cri-containerd:c1"), false, own),
+            Some(PathBuf::from(
+                "/system.slice/containerd.service/test.slice:cri-containerd:c1"
+            ))
+        );
+        assert_eq!(
+            cgroupfs_relative(Path::new("pods/c1"), false, own),
+            Some(PathBuf::from("/system.slice/containerd.service/pods/c1"))
+        );
+        assert_eq!(cgroupfs_relative(Path::new("/default/c1"), false, own), None);
+        assert_eq!(
+            cgroupfs_relative(Path::new("test.slice:cri-containerd:c1"), true, own),
+            None
+        );
+        // The result is no systemd path any more.
+        let p = cgroupfs_relative(Path::new("test.slice:cri-containerd:c1"), false, own).unwrap();
+        assert_eq!(SystemdPath::parse(&p), None);
+        // This process's own cgroup is absolute.
+        assert!(own_cgroup().is_absolute());
     }
 
     #[test]

@@ -183,11 +183,11 @@ pub fn clean_up(record: &TaskRecord, bundle: &Path) -> Vec<CleanupError> {
 }
 
 /// A path the container owns: not the root cgroup; a systemd
-/// `slice:prefix:name` is its scope (see `cgroups::SystemdPath`), any
-/// other path with a `:` is not ours.
+/// `slice:prefix:name` is its scope (see `cgroups::SystemdPath`); any
+/// other path only when absolute (the daemon makes a relative one
+/// absolute before the create, see `cgroups::path::cgroupfs_relative`).
 fn own_cgroup(p: &Path) -> bool {
-    crate::cgroups::SystemdPath::parse(p).is_some()
-        || (p.components().count() > 1 && !p.to_string_lossy().contains(':'))
+    crate::cgroups::SystemdPath::parse(p).is_some() || (p.is_absolute() && p.components().count() > 1)
 }
 
 fn kill_cgroup(path: &Path, id: &str) -> Result<(), CleanupError> {

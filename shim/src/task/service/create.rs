@@ -57,6 +57,43 @@ fn default_cgroups_path(spec: &mut oci_spec::runtime::Spec, ns: &str, id: &str, 
     true
 }
 
+/// A relative `linux.cgroupsPath` under the cgroupfs driver becomes the
+/// absolute path runc would give it (see
+/// [`crate::cgroups::path::cgroupfs_relative`]); for systemd's
+/// `slice:prefix:name` form, the pod's sandbox logs one warning naming the
+/// likely driver mismatch. Returns whether the spec changed.
+fn relocate_relative_cgroups_path(
+    spec: &mut oci_spec::runtime::Spec,
+    systemd: bool,
+    role: Role,
+    id: &str,
+    pod: &str,
+) -> bool {
+    let Some(linux) = spec.linux_mut().as_mut() else {
+        return false;
+    };
+    let Some(path) = linux.cgroups_path().clone() else {
+        return false;
+    };
+    let own = crate::cgroups::path::own_cgroup();
+    let Some(absolute) = crate::cgroups::path::cgroupfs_relative(&path, systemd, &own) else {
+        return false;
+    };
+    if crate::cgroups::SystemdPath::parse(&path).is_some() && role != Role::Container {
+        tracing::warn!(
+            task = id,
+            pod,
+            cgroups_path = %path.display(),
+            cgroup = %absolute.display(),
+            "linux.cgroupsPath is systemd's slice:prefix:name form but the runtime options do not set \
+             SystemdCgroup = true: kubelet and containerd likely disagree on the cgroup driver (or a CRI client \
+             assumed systemd); as runc's cgroupfs driver does, the pod runs in a cgroup of that literal name"
+        );
+    }
+    linux.set_cgroups_path(Some(absolute));
+    true
+}
+
 impl Service {
     /// Creates a task: NRI adjusts the spec, the runner creates the
     /// container. On any failure nothing is left behind (no container
@@ -175,7 +212,8 @@ impl Service {
             adjusted?;
             updates = rsp.update;
         }
-        if role != Role::Sandbox || defaulted_path || defaulted_cgroup || cdi_injected {
+        let relocated = relocate_relative_cgroups_path(&mut spec, options.systemd_cgroup, role, id, &pod.name);
+        if role != Role::Sandbox || defaulted_path || defaulted_cgroup || cdi_injected || relocated {
             let (b, s) = (bundle.clone(), spec.clone());
             waits::blocking("write config.json", move || b.write_spec(&s)).await?;
             undo.config = Some(loaded.original);
