@@ -33,7 +33,8 @@ pub use k8s_cri::v1 as api;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::containerd::{
-    busybox_rootfs, containerd_bin_dir, containerd_cmd, containerd_nri_off, require, spawn_containerd, workspace_bin,
+    busybox_rootfs, containerd_bin_dir, containerd_cmd, containerd_major, containerd_nri_off, require,
+    spawn_containerd, workspace_bin,
 };
 
 /// The runtime handlers every behaviour runs with: the reference first.
@@ -187,6 +188,26 @@ pub struct CriSetup<'a> {
 
 /// The CRI config of [`CriSetup::systemd_handlers`], with our handler's
 /// options file written into `dir`.
+/// The handler name of nri-shim declared as `io.containerd.runc.v2` with
+/// `runtime_path` (containerd 2.x only; see [`as_runc_handler`]).
+pub const AS_RUNC: &str = "nri-shim-as-runc";
+
+/// On containerd 2.x: the [`AS_RUNC`] handler, this shim declared with
+/// runc's runtime type and `runtime_path`, the one configuration in which
+/// containerd 2.0 to 2.3 asks a shim other than runc's for its features
+/// (recursive read-only mounts, user namespaces); see
+/// docs/operator-guide.md. Empty before 2.0.
+fn as_runc_handler(bin: &Path) -> String {
+    if containerd_major() < 2 {
+        return String::new();
+    }
+    let r = r#"[plugins."io.containerd.grpc.v1.cri".containerd.runtimes"#;
+    format!(
+        "    {r}.{AS_RUNC}]\n      runtime_type = \"io.containerd.runc.v2\"\n      runtime_path = \"{}\"\n",
+        bin.join("containerd-shim-nri-shim-v2").display()
+    )
+}
+
 fn systemd_handlers(dir: &Path) -> String {
     let options = dir.join("nri-shim-systemd.toml");
     std::fs::write(&options, "SystemdCgroup = true\n").unwrap();
@@ -328,7 +349,7 @@ state = "{t}/state"
       runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nri-shim]
       runtime_type = "io.containerd.nri-shim.v2"
-{systemd_handlers}  [plugins."io.containerd.grpc.v1.cri".cni]
+{systemd_handlers}{as_runc}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
@@ -337,6 +358,7 @@ state = "{t}/state"
                 sock = sock.display(),
                 cni_conf = cni_conf.display(),
                 nri_off = containerd_nri_off(),
+                as_runc = as_runc_handler(&bin),
                 systemd_handlers = if setup.systemd_handlers {
                     systemd_handlers(&t)
                 } else {

@@ -23,6 +23,8 @@ use integration::{
     parity::{expect_lines, expect_value},
 };
 
+#[path = "cri/rro.rs"]
+mod rro;
 #[path = "cri/security.rs"]
 mod security;
 #[path = "cri/slice_parent.rs"]
@@ -1095,15 +1097,17 @@ async fn nri_adjustment_is_visible_with_nri_shim_only() {
 // ---------------------------------------------------------------------------
 // Runtime handler features (`<shim> -info`)
 
-/// Issue 9 item 5, as far as a released containerd shows it: CRI reports
-/// each handler's features in `Status`. containerd 1.x reports no
-/// handlers. containerd 2.0 to 2.3 ask `-info` only of handlers whose
-/// `runtime_type` is `io.containerd.runc.v2`: runc's handler gets its
-/// features (recursive read-only mounts on; user namespaces off, runc 1.1
-/// having no idmapped mounts), nri-shim's none, whatever the shim answers
-/// (a limitation of containerd: its CRI code refuses to introspect other
-/// runtime types). The shim's `-info` itself is tested in
-/// `shim/tests/info.rs`. Pinned so that a containerd that asks shows here.
+/// Issue 9 item 5 and issue 32 item 3, as far as a released containerd
+/// shows it: CRI reports each handler's features in `Status`. containerd
+/// 1.x reports no handlers. containerd 2.1 (and 2.0 to 2.2.6, 2.3.3) asks
+/// `-info` only of handlers whose `runtime_type` is
+/// `io.containerd.runc.v2` (internal/cri/server/service.go,
+/// introspectRuntimeFeatures; dropped in 2.2.7 and 2.3.4): runc's handler
+/// gets its features (recursive read-only mounts on; user namespaces off,
+/// runc 1.1 having no idmapped mounts), nri-shim's none, whatever the shim
+/// answers. nri-shim declared with runc's type and `runtime_path`
+/// (`nri-shim-as-runc`) is asked, and reports what its `-info` says. The
+/// shim's `-info` itself is tested in `shim/tests/info.rs`.
 #[tokio::test]
 async fn runtime_handler_features() {
     let cri = shared();
@@ -1120,8 +1124,14 @@ async fn runtime_handler_features() {
             .map(|h| format!("{:?}", h.features))
     };
     let (runc, nri) = (handler("runc"), handler("nri-shim"));
-    println!("runtime handler features\n  runc:     {runc:?}\n  nri-shim: {nri:?}");
+    let as_runc = handler(integration::cri::AS_RUNC);
+    println!("runtime handler features\n  runc:     {runc:?}\n  nri-shim: {nri:?}\n  nri-shim as runc: {as_runc:?}");
     if integration::containerd::containerd_major() >= 2 {
+        assert_eq!(
+            as_runc.as_deref(),
+            Some("Some(RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: false })"),
+            "nri-shim declared as io.containerd.runc.v2 with runtime_path: its -info's features"
+        );
         assert_eq!(
             runc.as_deref(),
             Some("Some(RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: false })"),
