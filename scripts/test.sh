@@ -49,16 +49,17 @@ part() {
 part "patch-crates tests" python3 scripts/tests/patch_crates_test.py
 part "workspace (containerd $(containerd --version | awk '{print $3}'), system's)" \
     cargo test --workspace --locked --no-fail-fast
-# The containerd tests, the CRI lane, the node-safety tests (containerd
-# restarts, config reloads, in-place upgrades) and the kubelet-shaped
+# The containerd tests, the CRI lane, `configure containerd` on the line's
+# own config, the node-safety tests (containerd restarts, config reloads,
+# in-place upgrades) and the kubelet-shaped
 # workload under load again on each containerd line unpacked above (the
 # workspace run used the system's 1.6); the integration tests pick the
 # line from NRI_CONTAINERD.
 for entry in "${NRI_CONTAINERD_LINES[@]}"; do
     line=${entry%% *}
-    part "containerd $line: containerd, cri, node_safe, node_reload, upgrade, kubelet_workload" \
+    part "containerd $line: containerd, cri, configure, node_safe, node_reload, upgrade, kubelet_workload" \
         env NRI_CONTAINERD="$line" cargo test --locked --no-fail-fast -p integration \
-        --test containerd --test cri --test node_safe --test node_reload --test upgrade --test kubelet_workload
+        --test containerd --test cri --test configure --test node_safe --test node_reload --test upgrade --test kubelet_workload
 done
 
 echo "== summary" >&2

@@ -184,6 +184,10 @@ pub struct CriSetup<'a> {
     /// `options` only as `ConfigPath`, so they name a file holding
     /// `SystemdCgroup = true`, as Kata's handlers name theirs).
     pub systemd_handlers: bool,
+    /// The `nri-shim` handler is added by the shim's own `configure
+    /// containerd` (on the config otherwise written here), as an operator
+    /// would add it, instead of being written here.
+    pub configure: bool,
 }
 
 /// The CRI config of [`CriSetup::systemd_handlers`], with our handler's
@@ -347,9 +351,7 @@ state = "{t}/state"
     snapshotter = "overlayfs"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nri-shim]
-      runtime_type = "io.containerd.nri-shim.v2"
-{systemd_handlers}{as_runc}  [plugins."io.containerd.grpc.v1.cri".cni]
+{nri_shim_handler}{systemd_handlers}{as_runc}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
@@ -359,6 +361,11 @@ state = "{t}/state"
                 cni_conf = cni_conf.display(),
                 nri_off = containerd_nri_off(),
                 as_runc = as_runc_handler(&bin),
+                nri_shim_handler = if setup.configure {
+                    ""
+                } else {
+                    "    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nri-shim]\n      runtime_type = \"io.containerd.nri-shim.v2\"\n"
+                },
                 systemd_handlers = if setup.systemd_handlers {
                     systemd_handlers(&t)
                 } else {
@@ -386,6 +393,21 @@ log_level = "debug"
             ),
         )
         .unwrap();
+        if setup.configure {
+            let out = Command::new(&shim_bin)
+                .args(["configure", "containerd", "--config"])
+                .arg(t.join("config.toml"))
+                .arg("--shim-config")
+                .arg(t.join("shim.toml"))
+                .output()
+                .expect("run configure containerd");
+            assert!(
+                out.status.success(),
+                "configure containerd: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let images = build_images(&t.join("images"));
         let child = spawn_containerd(&t);
         let cri = Cri {
@@ -438,6 +460,57 @@ log_level = "debug"
             }
         });
         cri
+    }
+
+    /// Stops containerd (SIGTERM; its shims and containers run on) and starts
+    /// it again with the same config file; waits until CRI answers.
+    pub fn restart(&self) {
+        use nix::{sys::signal::Signal, unistd::Pid};
+        let mut guard = self.child.lock().unwrap();
+        if let Some(mut child) = guard.take() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            let _ = child.wait();
+        }
+        *guard = Some(spawn_containerd(&self.dir));
+        drop(guard);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.ctr(&["version"]).status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not start again: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The ttrpc API answers before the CRI plugin has loaded its state:
+        // until then every CRI call fails with "server is not initialized yet".
+        block_on(async {
+            loop {
+                let ready = match self
+                    .client()
+                    .await
+                    .rt
+                    .status(api::StatusRequest { verbose: false })
+                    .await
+                {
+                    Ok(r) => r
+                        .get_ref()
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.iter().any(|c| c.r#type == "RuntimeReady" && c.status)),
+                    Err(_) => false,
+                };
+                if ready {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "CRI did not become ready after the restart: {}",
+                    self.log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
     }
 
     /// A CRI client on containerd's socket (create it in the runtime that uses it).

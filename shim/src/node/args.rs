@@ -60,6 +60,7 @@ usage: containerd-shim-nri-shim-v2 -namespace NS -address CONTAINERD_SOCKET -id 
        containerd-shim-nri-shim-v2 [-address CONTAINERD_SOCKET] upgrade
        containerd-shim-nri-shim-v2 -v
        containerd-shim-nri-shim-v2 -info < RUNTIME_OPTIONS
+       containerd-shim-nri-shim-v2 configure|unconfigure containerd [flags]   (see below)
 
 A containerd shim v2 (runtime type io.containerd.nri-shim.v2) that passes
 every container through NRI plugins and runs it with libcontainer.
@@ -74,6 +75,16 @@ containerd runs it; it is not meant to be run by hand.
            was started from, keeping every container; run after installing
            a new binary there
   -info    print the runtime's features (a containerd RuntimeInfo protobuf)
+  configure containerd: add the runtime handler (default name nri-shim) to
+           containerd's config.toml (version 2: containerd 1.6, 1.7; version
+           3: 2.x; a drop-in where it imports a directory), keeping comments
+           and the original; --default makes it the default runtime,
+           --systemd-cgroup auto follows the runc handler's driver,
+           --containerd-nri disable turns containerd's own NRI off when it
+           would serve nri-shim's socket, --as-runc declares it with runc's
+           type and --binary as runtime_path (containerd 2.0 to 2.3.3 ask
+           only such handlers for features), --dry-run prints the diff
+  unconfigure containerd: undo it (the original back byte for byte)
 
 Configuration: $NRI_SHIM_CONFIG, else /etc/nri-shim/config.toml.
 ";

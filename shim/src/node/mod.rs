@@ -6,6 +6,7 @@
 pub mod args;
 pub mod bootstrap;
 pub mod claim;
+pub mod configure;
 pub mod daemon;
 pub mod delete;
 pub mod gate;
@@ -23,6 +24,30 @@ pub fn main() {
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(crate::container::helper::HELPER_ARG) {
         crate::container::helper::helper_main();
+    }
+    // The operator's installer actions, with flags of their own.
+    if let Some(action @ ("configure" | "unconfigure")) = argv.get(1).map(String::as_str) {
+        let result = configure::parse_args(argv[2..].iter().cloned())
+            .map_err(anyhow::Error::msg)
+            .and_then(|req| {
+                let out = if action == "configure" {
+                    configure::configure(&req)
+                } else {
+                    configure::unconfigure(&req)
+                };
+                out.map_err(anyhow::Error::from)
+            });
+        match result {
+            Ok(report) => {
+                print!("{report}");
+                return;
+            }
+            Err(e) => {
+                // Each error already names its cause; the chain would repeat it.
+                eprintln!("containerd-shim-nri-shim-v2 {action}: {e}");
+                std::process::exit(1);
+            }
+        }
     }
     let mut flags = match args::parse(argv.into_iter().skip(1)) {
         Ok(f) => f,
