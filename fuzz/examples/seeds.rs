@@ -12,10 +12,26 @@ use nri_fuzz::{busybox_spec, join_parts};
 use nri_proto::mux::{MAX_PAYLOAD, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use protobuf::{Message, MessageField};
 
+/// Writes one seed, unless the file already holds the same bytes in
+/// another order: rust-protobuf encodes map fields in `HashMap` order,
+/// which changes from run to run, so the same messages come out with
+/// their map entries permuted. Keeping the old file then keeps the
+/// generator's reruns from changing the checked-in corpus.
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new("fuzz/corpus").join(target);
     fs::create_dir_all(&dir).expect("corpus dir");
-    fs::write(dir.join(format!("seed-{name}")), bytes).expect("write seed");
+    let path = dir.join(format!("seed-{name}"));
+    if let Ok(old) = fs::read(&path) {
+        let sorted = |b: &[u8]| {
+            let mut v = b.to_vec();
+            v.sort_unstable();
+            v
+        };
+        if old.len() == bytes.len() && sorted(&old) == sorted(bytes) {
+            return;
+        }
+    }
+    fs::write(path, bytes).expect("write seed");
 }
 
 fn pod() -> api::PodSandbox {
