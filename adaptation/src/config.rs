@@ -28,6 +28,29 @@ pub enum FailurePolicy {
     Fail,
 }
 
+/// What a plugin's CreateContainer and UpdateContainer requests hold, and
+/// so when it can be called.
+///
+/// | view | the plugin gets | it is called |
+/// |---|---|---|
+/// | [`Adjusted`](PluginView::Adjusted) (default, = upstream NRI) | the container (or the update) with the answers of the plugins before it in invocation order merged in | once every plugin before it answered |
+/// | [`Original`](PluginView::Original) | the container (or the update) as the runtime asked for it | at once, side by side with the others |
+///
+/// Either way the answers are merged in invocation order, so the merged
+/// adjustment, field owners, conflicts, validation and errors are those
+/// of calling the plugins one after another with the same answers. A
+/// create whose plugins all have the `Original` view costs about one
+/// plugin round trip, not one per plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginView {
+    /// Sees the adjustments of the plugins before it.
+    #[default]
+    Adjusted,
+    /// Sees the runtime's request only; called side by side.
+    Original,
+}
+
 /// Settings of an adaptation. Defaults are NRI's.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -56,6 +79,11 @@ pub struct Options {
     /// latter wins); see [`crate::permissions`]. Read at every request, so
     /// a change applies to connected plugins at once.
     pub plugin_permissions: HashMap<String, Permissions>,
+    /// View of plugins not listed in `plugin_views`.
+    pub default_view: PluginView,
+    /// Per-plugin view, keyed by `NAME` or `IDX-NAME` (the latter wins).
+    /// Read at every request.
+    pub plugin_views: HashMap<String, PluginView>,
 }
 
 impl Default for Options {
@@ -72,6 +100,8 @@ impl Default for Options {
             default_validator: DefaultValidatorConfig::default(),
             default_permissions: None,
             plugin_permissions: HashMap::new(),
+            default_view: PluginView::Adjusted,
+            plugin_views: HashMap::new(),
         }
     }
 }
@@ -84,6 +114,18 @@ impl Options {
             .or_else(|| self.failure_policies.get(base))
             .copied()
             .unwrap_or(self.default_failure_policy)
+    }
+
+    /// The view of plugin `idx-base`.
+    pub fn view(&self, idx: &str, base: &str) -> PluginView {
+        if self.plugin_views.is_empty() {
+            return self.default_view;
+        }
+        self.plugin_views
+            .get(&format!("{idx}-{base}"))
+            .or_else(|| self.plugin_views.get(base))
+            .copied()
+            .unwrap_or(self.default_view)
     }
 
     /// The permissions of plugin `plugin` (`IDX-NAME`): its `IDX-NAME`

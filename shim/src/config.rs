@@ -24,6 +24,10 @@
 //! [nri.plugin_permissions."10-cpu-pinning"]   # IDX-NAME, NAME or default
 //! allow = ["cpu", "memory"]     # field groups (nri_adaptation::FieldGroup); none: unrestricted
 //!
+//! [nri.plugin_view]           # per plugin (NAME or IDX-NAME): "adjusted" or "original"
+//! default = "adjusted"
+//! "10-cpu-pinning" = "original"
+//!
 //! [shim]
 //! state_root = "/run/nri-shim"  # daemon sockets and libcontainer state
 //! idle_timeout = "30s"          # daemon exits after this long with no containers
@@ -43,7 +47,7 @@ use std::{
     time::Duration,
 };
 
-use nri_adaptation::{DefaultValidatorConfig, FailurePolicy, Options, Permissions};
+use nri_adaptation::{DefaultValidatorConfig, FailurePolicy, Options, Permissions, PluginView};
 use serde::{Deserialize, Deserializer};
 
 /// Default location of the configuration file.
@@ -174,6 +178,10 @@ pub struct NriConfig {
     /// others. No entry for a plugin and no `default`: unrestricted.
     #[serde(deserialize_with = "plugin_permissions")]
     pub plugin_permissions: HashMap<String, Permissions>,
+    /// What each plugin's CreateContainer and UpdateContainer hold, and so
+    /// whether it is called side by side (`original`) or after the plugins
+    /// before it (`adjusted`, upstream NRI); key `default` for all others.
+    pub plugin_view: HashMap<String, PluginView>,
 }
 
 /// The `[nri.plugin_permissions.*]` tables: `allow` lists field group
@@ -209,6 +217,7 @@ impl Default for NriConfig {
             default_validator: DefaultValidatorConfig::default(),
             failure_policy: HashMap::new(),
             plugin_permissions: HashMap::new(),
+            plugin_view: HashMap::new(),
         }
     }
 }
@@ -220,6 +229,8 @@ impl NriConfig {
         let default = policies.remove("default").unwrap_or_default();
         let mut permissions = self.plugin_permissions.clone();
         let default_permissions = permissions.remove("default");
+        let mut views = self.plugin_view.clone();
+        let default_view = views.remove("default").unwrap_or_default();
         Options {
             socket_path: self.socket_path.clone(),
             plugin_path: self.plugin_path.clone(),
@@ -232,6 +243,8 @@ impl NriConfig {
             default_validator: self.default_validator.clone(),
             default_permissions,
             plugin_permissions: permissions,
+            default_view,
+            plugin_views: views,
         }
     }
 }
