@@ -21,7 +21,7 @@
 //! A current-thread runtime, as the shim daemon uses. Run with
 //! `cargo build --release -p nri-benches && ./target/release/nri-large-node`
 //! (`NRI_LARGE_ROUNDS` sets the number of sync joins and create rounds,
-//! default 20); it uses the `nri-bench-plugin` built next to it, which
+//! default 20; `NRI_LARGE_ONLY=create` skips the joins); it uses the `nri-bench-plugin` built next to it, which
 //! `cargo run --bin nri-large-node` alone does not build.
 
 use std::{
@@ -244,10 +244,12 @@ fn main() {
     let sock = dir.path().join("nri.sock");
     rt.block_on(nri.start()).unwrap();
 
-    // Sync: one plugin joining at a time.
+    // Sync: one plugin joining at a time (`NRI_LARGE_ONLY=create` skips
+    // it, to profile the creates alone).
+    let only_creates = std::env::var("NRI_LARGE_ONLY").is_ok_and(|v| v == "create");
     let mut syncs = Vec::new();
     let mut joins = Vec::new();
-    for i in 0..n {
+    for i in 0..if only_creates { 0 } else { n } {
         let name = format!("sync{i}");
         let t0 = Instant::now();
         let mut child = Command::new(&bin)
@@ -284,13 +286,15 @@ fn main() {
     }
     syncs.sort();
     joins.sort();
-    println!(
-        "large_node/sync      Synchronize p50 {}  max {}   join (process start to active) p50 {}  max {}   ({n} joins)",
-        ms(pct(&syncs, 50)),
-        ms(*syncs.last().unwrap()),
-        ms(pct(&joins, 50)),
-        ms(*joins.last().unwrap()),
-    );
+    if !only_creates {
+        println!(
+            "large_node/sync      Synchronize p50 {}  max {}   join (process start to active) p50 {}  max {}   ({n} joins)",
+            ms(pct(&syncs, 50)),
+            ms(*syncs.last().unwrap()),
+            ms(pct(&joins, 50)),
+            ms(*joins.last().unwrap()),
+        );
+    }
 
     // Creates. The request of create k.
     let request = |k: usize| {
