@@ -197,7 +197,7 @@ pub struct CriSetup<'a> {
 /// The CRI config of [`CriSetup::systemd_handlers`], with our handler's
 /// options file written into `dir`.
 /// The handler name of nri-shim declared as `io.containerd.runc.v2` with
-/// `runtime_path` (containerd 2.x only; see [`as_runc_handler`]).
+/// `runtime_path` (containerd 2.x only; see `as_runc_handler`).
 pub const AS_RUNC: &str = "nri-shim-as-runc";
 
 /// On containerd 2.x: the [`AS_RUNC`] handler, this shim declared with
