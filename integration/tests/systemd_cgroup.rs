@@ -380,7 +380,9 @@ fn systemd_cgroup_option_on_this_host_matches_runc() {
 /// item 1): runc's cgroupfs driver takes it for a directory of that
 /// literal name under its own cgroup and runs the container; so does
 /// nri-shim (with a warning naming the likely driver mismatch), and the
-/// delete leaves neither the container nor its cgroup.
+/// delete leaves neither the container nor its cgroup. On cgroup v2 that
+/// directory is under a cgroup holding processes: made `threaded` as runc
+/// makes it, and a memory limit there is refused as runc refuses it.
 #[test]
 fn systemd_path_without_the_option_runs_as_with_runc() {
     let c = Containerd::start(Setup::default());
@@ -409,10 +411,46 @@ fn systemd_path_without_the_option_runs_as_with_runc() {
     };
     let runc = observe(RUNC, "sd-path-runc");
     let ours = observe(OURS, "sd-path-nri");
-    assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+    assert!(
+        c.libcontainer_states().is_empty(),
+        "libcontainer states left: {:?}\n{}",
+        c.libcontainer_states(),
+        c.shim_log()
+    );
     integration::parity::expect_value(
         "a slice:prefix:name path without SystemdCgroup: run, nothing left",
         &Ok(()),
+        &runc,
+        &ours,
+    );
+    // With a memory limit, a domain controller. On cgroup v2 this test's
+    // cgroup holds processes and, since the runs above, threaded
+    // controllers: it is a thread root ("domain threaded"), where a plain
+    // child cannot hold processes and a threaded one cannot have domain
+    // controllers; runc refuses the container, and so must nri-shim,
+    // leaving nothing. Elsewhere (v1) it runs.
+    let thread_root = std::fs::read_to_string(format!("/sys/fs/cgroup{own}/cgroup.type"))
+        .is_ok_and(|t| t.trim() == "domain threaded");
+    let limited = |runtime: &str, id: &str| -> Result<bool, String> {
+        let flags = [
+            "--rm".into(),
+            "--cgroup".into(),
+            path(id),
+            "--memory-limit".into(),
+            (64u64 << 20).to_string(),
+        ];
+        let out = run(&c, runtime, id, &flags, &["/bin/true"]);
+        ensure!(!text(&c.ctr(&["t", "ls", "-q"])).contains(id), "{runtime}: task left");
+        let left = cgroup::dirs(&format!("{own}/{}", path(id)));
+        ensure!(left.is_empty(), "{runtime}: cgroups left: {left:?}");
+        Ok(out.status.success())
+    };
+    let runc = limited(RUNC, "sd-mem-runc");
+    let ours = limited(OURS, "sd-mem-nri");
+    assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+    integration::parity::expect_value(
+        "the same path with a memory limit: runs, or refused in a thread root's subtree; nothing left",
+        &Ok(!thread_root),
         &runc,
         &ours,
     );

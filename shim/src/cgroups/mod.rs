@@ -13,6 +13,7 @@ use oci_spec::runtime::LinuxResources;
 pub mod metrics;
 pub mod options;
 pub mod path;
+pub mod threaded;
 pub mod v2;
 
 pub use metrics::Metrics;
@@ -184,6 +185,11 @@ impl Cgroup {
             while dir.exists() && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
+        }
+        let dir = self.v2_dir();
+        if self.systemd.is_none() && threaded::is_threaded(Path::new(CGROUP_ROOT), &self.path) {
+            // libcgroups' cgroup.kill is refused there (see threaded::remove).
+            threaded::remove(&dir, deadline)?;
         }
         loop {
             match self.manager.remove() {

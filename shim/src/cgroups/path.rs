@@ -195,6 +195,15 @@ pub fn check_driver(cgroups_path: Option<&Path>, systemd: bool) -> Result<()> {
     }
 }
 
+/// Whether this host runs a pure cgroup v2 hierarchy (`false` when it
+/// cannot be told).
+pub fn unified_host() -> bool {
+    matches!(
+        libcgroups::common::get_cgroup_setup(),
+        Ok(libcgroups::common::CgroupSetup::Unified)
+    )
+}
+
 /// runc's rule: `linux.resources.unified` (cgroup v2 files written as they
 /// are) needs a pure cgroup v2 host; on v1 or hybrid it is refused instead
 /// of being silently ignored.

@@ -252,6 +252,15 @@ fn delete(id: &str, root: &Path, force: bool, cgroups_path: Option<&Path>) -> Re
     if dir.exists() {
         match Container::load(dir.clone()) {
             Ok(mut c) => {
+                // libcontainer cannot remove a threaded cgroup (made so
+                // as runc makes it, see crate::cgroups::threaded): it goes
+                // first.
+                if cgroups_path
+                    .is_some_and(|p| crate::cgroups::threaded::is_threaded(Path::new(crate::cgroups::CGROUP_ROOT), p))
+                    && let Err(e) = remove_cgroup()
+                {
+                    return other(e);
+                }
                 if let Err(e) = c.delete(force) {
                     if cgroups_path.is_none() {
                         return failure(e);

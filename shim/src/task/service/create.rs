@@ -240,6 +240,22 @@ impl Service {
             terminal: req.terminal,
         };
         let mut io = ProcessIo::prepare(&stdio, &self.console_path(ns, id))?;
+        if !options.systemd_cgroup && crate::cgroups::path::unified_host() {
+            // runc's cgroupfs driver on v2 (see crate::cgroups::threaded);
+            // removed with the container if the create fails below.
+            let (path, resources) = (
+                cgroups_path.clone(),
+                spec.linux().as_ref().and_then(|l| l.resources().clone()),
+            );
+            waits::blocking("make the cgroup", move || {
+                crate::cgroups::threaded::prepare(
+                    std::path::Path::new(crate::cgroups::CGROUP_ROOT),
+                    &path,
+                    resources.as_ref(),
+                )
+            })
+            .await?;
+        }
         undo.runner_created = Some(cgroups_path.clone());
         let fds = io.take_fds()?;
         let process = waits::timed(
