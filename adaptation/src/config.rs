@@ -56,6 +56,9 @@ pub struct Options {
     /// latter wins); see [`crate::permissions`]. Read at every request, so
     /// a change applies to connected plugins at once.
     pub plugin_permissions: HashMap<String, Permissions>,
+    /// The sandbox of WebAssembly plugins: memory limit and grants (see
+    /// [`crate::wasm`]; used with the `wasm` feature).
+    pub wasm: crate::wasm::WasmOptions,
 }
 
 impl Default for Options {
@@ -72,6 +75,7 @@ impl Default for Options {
             default_validator: DefaultValidatorConfig::default(),
             default_permissions: None,
             plugin_permissions: HashMap::new(),
+            wasm: crate::wasm::WasmOptions::default(),
         }
     }
 }
