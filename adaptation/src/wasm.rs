@@ -62,8 +62,8 @@
 //! - **files and network**: none; no directory is pre-opened (WASI
 //!   preview 1 has no way to open a socket); stdin reads as empty; what
 //!   the plugin writes to stdout and stderr is logged with its name (at
-//!   most 64 KiB per call), the last stderr line also ends the error of a
-//!   trap (a Rust panic's message);
+//!   most 64 KiB per call), the last three stderr lines also end the error
+//!   of a trap (a Rust panic's message);
 //! - **clocks and randomness**: the host's real-time and monotonic clocks,
 //!   randomness from the kernel;
 //! - **proc_exit** ends the plugin (reported with its status).
@@ -208,19 +208,21 @@ pub enum WasmError {
 pub enum WasmCallError {
     /// The plugin's code trapped: a Rust panic or Go runtime fatal error
     /// (`unreachable`), an out-of-bounds access, a stack overflow, ...
-    #[error("trapped: {trap}{}", .stderr.as_ref().map(|l| format!(" (its last stderr line: {l})")).unwrap_or_default())]
+    #[error("trapped: {trap}{}", .stderr.as_ref().map(|l| format!(" (its last stderr lines: {l})")).unwrap_or_default())]
     Trap {
         /// The engine's description of the trap.
         trap: String,
-        /// The last line the plugin wrote to stderr in this call, if any.
+        /// The last lines (up to 3) the plugin wrote to stderr in this
+        /// call, joined by ` | `, if any.
         stderr: Option<String>,
     },
     /// The plugin trapped after its memory reached its limit.
-    #[error("ran out of memory: its limit is {limit} bytes{}", .stderr.as_ref().map(|l| format!(" (its last stderr line: {l})")).unwrap_or_default())]
+    #[error("ran out of memory: its limit is {limit} bytes{}", .stderr.as_ref().map(|l| format!(" (its last stderr lines: {l})")).unwrap_or_default())]
     OutOfMemory {
         /// The memory limit in bytes.
         limit: u64,
-        /// The last line the plugin wrote to stderr in this call, if any.
+        /// The last lines (up to 3) the plugin wrote to stderr in this
+        /// call, joined by ` | `, if any.
         stderr: Option<String>,
     },
     /// The plugin called WASI `proc_exit`.
@@ -288,7 +290,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "trapped: wasm trap: wasm `unreachable` instruction executed (its last stderr line: panicked at 'boom')"
+            "trapped: wasm trap: wasm `unreachable` instruction executed (its last stderr lines: panicked at 'boom')"
         );
         assert_eq!(
             WasmError::MissingExport("plugin_configure").to_string(),

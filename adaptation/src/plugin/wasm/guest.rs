@@ -344,7 +344,7 @@ impl Guest {
         if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
             return CallFailure::Timeout;
         }
-        let stderr = host.last_stderr.clone();
+        let stderr = host.last_stderr();
         if host.cap.hit {
             return CallFailure::Wasm(WasmCallError::OutOfMemory {
                 limit: host.cap.limit,

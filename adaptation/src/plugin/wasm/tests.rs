@@ -422,7 +422,7 @@ async fn a_trap_is_reported_with_its_stderr() {
     assert!(
         source.contains("trapped")
             && source.contains("unreachable")
-            && source.contains("its last stderr line: panicked at 'boom'"),
+            && source.contains("its last stderr lines: panicked at 'boom'"),
         "{source}"
     );
     assert_eq!(left, ["20-good"]);

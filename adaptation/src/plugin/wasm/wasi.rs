@@ -105,6 +105,8 @@ const FILETYPE_CHARACTER_DEVICE: u8 = 2;
 /// Bytes of stdout, stderr and `env.log` logged per call; the rest is
 /// dropped (counted in one line at the end of the call).
 pub(super) const OUTPUT_BUDGET: usize = 64 << 10;
+/// stderr lines kept for the error of a trap.
+const STDERR_KEPT: usize = 3;
 /// Longest line logged; longer ones are cut.
 const LINE_MAX: usize = 4096;
 
@@ -156,8 +158,9 @@ pub(super) struct Host {
     started: Instant,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
-    /// The last complete stderr line of the current call.
-    pub last_stderr: Option<String>,
+    /// The last complete stderr lines of the current call (at most
+    /// [`STDERR_KEPT`]).
+    stderr_tail: std::collections::VecDeque<String>,
     logged: usize,
     dropped: usize,
 }
@@ -172,7 +175,7 @@ impl Host {
             started: Instant::now(),
             stdout: Vec::new(),
             stderr: Vec::new(),
-            last_stderr: None,
+            stderr_tail: std::collections::VecDeque::new(),
             logged: 0,
             dropped: 0,
         }
@@ -182,7 +185,7 @@ impl Host {
     pub fn begin(&mut self, deadline: Instant) {
         self.deadline = Some(deadline);
         self.cap.hit = false;
-        self.last_stderr = None;
+        self.stderr_tail.clear();
         self.logged = 0;
         self.dropped = 0;
     }
@@ -219,7 +222,10 @@ impl Host {
     fn line(&mut self, stream: i32, bytes: &[u8]) {
         let text = String::from_utf8_lossy(&bytes[..bytes.len().min(LINE_MAX)]).into_owned();
         if stream == 2 {
-            self.last_stderr = Some(text.clone());
+            if self.stderr_tail.len() == STDERR_KEPT {
+                self.stderr_tail.pop_front();
+            }
+            self.stderr_tail.push_back(text.chars().take(512).collect());
         }
         if !self.spend(bytes.len()) {
             return;
@@ -229,6 +235,21 @@ impl Host {
         } else {
             tracing::warn!(plugin = %self.plugin, stream = "stderr", "{text}");
         }
+    }
+
+    /// The last stderr lines of the current call, joined by ` | ` (a Rust
+    /// panic's message and its note), if it wrote any.
+    pub fn last_stderr(&self) -> Option<String> {
+        if self.stderr_tail.is_empty() {
+            return None;
+        }
+        Some(
+            self.stderr_tail
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(" | "),
+        )
     }
 
     /// Output written to fd 1 or 2, logged line by line.
