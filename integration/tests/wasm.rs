@@ -11,7 +11,7 @@ use std::{
 
 use integration::{Behaviour, Store, TestRuntime, create_request, install_plugin, test_plugin_bin};
 use nri_adaptation::{
-    Error, FailurePolicy, FieldGroup, Permissions, PluginError, adjust, api,
+    Error, FailurePolicy, FieldGroup, Observer, Outcome, Permissions, PluginError, Rejection, adjust, api,
     wasm::{WasmCallError, WasmGrants, WasmOptions},
 };
 use nri_wasm_plugins as guests;
@@ -190,6 +190,50 @@ async fn next_to_a_process_and_in_conflict_with_it() {
         "{text}"
     );
     w.rt.nri.stop().await;
+}
+
+/// Records what the adaptation reports to a runtime's observer (the
+/// shim's metrics).
+#[derive(Default)]
+struct Seen {
+    requests: Mutex<Vec<(String, &'static str, Outcome)>>,
+    rejected: Mutex<Vec<(String, Rejection)>>,
+}
+
+impl Observer for Seen {
+    fn request(&self, plugin: &str, request: &'static str, _elapsed: Duration, outcome: Outcome) {
+        self.requests.lock().unwrap().push((plugin.to_string(), request, outcome));
+    }
+
+    fn rejected(&self, plugin: &str, rejection: Rejection) {
+        self.rejected.lock().unwrap().push((plugin.to_string(), rejection));
+    }
+}
+
+/// A WebAssembly plugin's requests and refusals reach the observer (the
+/// shim's metrics) as a process's do, with its name and request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_refusals_are_observed() {
+    let seen = Arc::new(Seen::default());
+    let observer = seen.clone();
+    let w = runtime(&[(guests::ADJUSTER, "10-adjuster", ADJUSTER_CONF)], Duration::from_secs(2), |b| {
+        b.with_observer(observer)
+            .with_plugin_permissions("adjuster", Permissions::allowing([FieldGroup::Env]))
+    })
+    .await;
+    // Ignored (policy ignore): the answer is left out, the refusal observed.
+    let rsp = w.rt.nri.create_container(request("app")).await.unwrap();
+    assert!(rsp.adjust.env.is_empty());
+    w.rt.nri.stop().await;
+    let requests = seen.requests.lock().unwrap().clone();
+    for r in ["Configure", "Synchronize", "CreateContainer"] {
+        assert!(
+            requests.iter().any(|(p, q, o)| p == "10-adjuster" && *q == r && *o == Outcome::Ok),
+            "{r}: {requests:?}"
+        );
+    }
+    let rejected = seen.rejected.lock().unwrap().clone();
+    assert_eq!(rejected, [("10-adjuster".to_string(), Rejection::Permission)]);
 }
 
 /// Per-plugin permissions hold for a WebAssembly plugin: mounts outside

@@ -25,8 +25,13 @@
 //!
 //! ```text
 //! rustc --edition 2021 -O --target wasm32-wasi --crate-type cdylib adjuster.rs \
-//!     -C link-arg=--export=malloc -C link-arg=--export=free -o adjuster.wasm
+//!     -C link-arg=--export=malloc -C link-arg=--export=free \
+//!     -C link-arg=$(rustc --print sysroot)/lib/rustlib/wasm32-wasi/lib/self-contained/crt1-reactor.o \
+//!     -o adjuster.wasm
 //! ```
+//!
+//! (`crt1-reactor.o` makes it a WASI reactor: `_initialize` runs the
+//! constructors once; without it the linker wraps every export in them.)
 
 mod abi;
 mod pb;

@@ -38,8 +38,10 @@ use guest::{CallFailure, Compiled, Guest};
 /// A job for the plugin's thread.
 type Job = Box<dyn FnOnce(&mut Guest) + Send>;
 
-/// How long the async side waits beyond a call's deadline before it gives
-/// the plugin up (its thread is then stuck outside the plugin's code).
+/// How long the async side waits beyond a call's deadline, counted from
+/// when the plugin's thread took the call up, before it gives the plugin
+/// up (its thread is then stuck outside the plugin's code: the epoch
+/// interrupts the plugin's own code, and no host function blocks).
 const BACKSTOP: Duration = Duration::from_secs(2);
 
 /// A loaded WebAssembly plugin.
@@ -83,14 +85,17 @@ impl WasmLink {
         }
     }
 
-    /// Runs `f` on the plugin's thread.
+    /// Runs `f` on the plugin's thread, after the calls queued before it;
+    /// `wait` is `f`'s own deadline.
     async fn on_thread<T: Send + 'static>(
         &self,
         wait: Duration,
         f: impl FnOnce(&mut Guest) -> T + Send + 'static,
     ) -> Result<T, PluginError> {
+        let (started_tx, started) = tokio::sync::oneshot::channel();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |g| {
+            let _ = started_tx.send(());
             let _ = tx.send(f(g));
         });
         let sent = match lock(&self.jobs).as_ref() {
@@ -98,6 +103,11 @@ impl WasmLink {
             None => false,
         };
         if !sent {
+            return Err(PluginError::Closed);
+        }
+        // Each call queued before this one ends within its own deadline.
+        if started.await.is_err() {
+            self.mark_closed();
             return Err(PluginError::Closed);
         }
         match tokio::time::timeout(wait + BACKSTOP, rx).await {
