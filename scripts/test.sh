@@ -28,6 +28,11 @@ nri_need_packages --no-install-recommends rustc libstd-rust-dev-wasm32 lld-14
 # The CRI lane also runs on containerd 1.7 and 2.1, unpacked privately under
 # /var/cache/nri-shim (curl fetches them).
 nri_need_packages curl
+# The installer's tests: openssl makes the stand-in API server's CA and
+# certificate; binutils (readelf) for the installer image's libraries;
+# python3-venv for the manifest tests' kubernetes-validate (scripts/lib/
+# k8s-tools.sh); util-linux (unshare) for the quickstart's mount namespace.
+nri_need_packages openssl binutils python3-venv util-linux
 nri_containerd_versions
 
 nri_patch_crates
@@ -54,6 +59,13 @@ part() {
 part "patch-crates tests" python3 scripts/tests/patch_crates_test.py
 part "workspace (containerd $(containerd --version | awk '{print $3}'), system's)" \
     cargo test --workspace --locked --no-fail-fast
+# deploy/: the Kustomize base and Helm chart render and validate against
+# Kubernetes' schemas, with the installer the workspace run built.
+part "deploy manifests (kustomize, helm, kubernetes-validate)" scripts/tests/manifests.sh
+# The installer image: built twice (the same bytes), imported and run with ctr.
+part "installer image (scripts/build-image.sh)" scripts/tests/image.sh
+# docs/quickstart.md, every command as written, on each containerd line.
+part "quickstart (docs/quickstart.md on containerd 1.6, 1.7, 2.1)" scripts/tests/quickstart.sh
 # The containerd tests, the CRI lane, `configure containerd` on the line's
 # own config, the node-safety tests (containerd restarts, config reloads,
 # in-place upgrades) and the kubelet-shaped
@@ -62,9 +74,9 @@ part "workspace (containerd $(containerd --version | awk '{print $3}'), system's
 # line from NRI_CONTAINERD.
 for entry in "${NRI_CONTAINERD_LINES[@]}"; do
     line=${entry%% *}
-    part "containerd $line: containerd, cri, configure, node_safe, node_reload, upgrade, kubelet_workload" \
+    part "containerd $line: containerd, cri, configure, installer, node_safe, node_reload, upgrade, kubelet_workload" \
         env NRI_CONTAINERD="$line" cargo test --locked --no-fail-fast -p integration \
-        --test containerd --test cri --test configure --test node_safe --test node_reload --test upgrade --test kubelet_workload
+        --test containerd --test cri --test configure --test installer --test node_safe --test node_reload --test upgrade --test kubelet_workload
 done
 
 echo "== summary" >&2

@@ -21,14 +21,18 @@ use crate::{
     registry::dispatch::{CreateReport, Dispatch, Evictions},
     registry::socket::Listener,
     registry::sync::{self, PluginSyncBlock},
+    registry::turns::Admission,
 };
 
 /// The runtime side of NRI.
 ///
 /// A runtime builds one per node with [`Adaptation::builder`], calls
 /// [`Adaptation::start`], then one method per pod or container lifecycle
-/// event. Plugins are called one after another in index order (ties broken
-/// by name); each gets the request timeout.
+/// event, from as many tasks at once as it likes. Plugins are ordered by
+/// index (ties broken by name); each gets the requests in the order the
+/// runtime's calls were admitted, one at a time, and each call gets the
+/// request timeout. No lock is held across a request's plugin chain: see
+/// the crate docs, "Ordering", for what a plugin can rely on.
 ///
 /// ```no_run
 /// use nri_adaptation::{Adaptation, RuntimeState};
@@ -59,9 +63,9 @@ pub(crate) struct Inner {
     opts: std::sync::RwLock<Arc<Options>>,
     pub builtins: Vec<Builtin>,
     pub registry: Arc<Registry>,
-    /// Serializes runtime requests, as upstream's mutex, and a joining
-    /// plugin's Synchronize against them (see [`crate::known`]).
-    pub request_lock: tokio::sync::Mutex<()>,
+    /// The order of runtime requests and joining plugins' syncs (see
+    /// [`crate::registry::turns`]).
+    pub admission: Arc<Admission>,
     /// What the event methods saw of pods and containers, completing the
     /// runtime's answer to a sync.
     pub known: Known,
@@ -89,10 +93,11 @@ impl Inner {
         self.run().running
     }
 
-    fn dispatch(&self) -> Dispatch<'_> {
+    pub(crate) fn dispatch(&self) -> Dispatch<'_> {
         Dispatch {
             registry: &self.registry,
             callbacks: &self.callbacks,
+            admission: &self.admission,
             opts: self.opts(),
         }
     }
@@ -125,7 +130,7 @@ impl Adaptation {
                 opts: std::sync::RwLock::new(Arc::new(opts)),
                 builtins,
                 registry: Arc::new(Registry::default()),
-                request_lock: tokio::sync::Mutex::new(()),
+                admission: Arc::default(),
                 known: Known::default(),
                 sync_lock: Arc::new(tokio::sync::RwLock::new(())),
                 run: Mutex::new(RunState::default()),
@@ -249,8 +254,11 @@ impl Adaptation {
         pod: &api::PodSandbox,
         container: Option<&api::Container>,
     ) -> Result<(), Error> {
-        let _req = self.inner.request_lock.lock().await;
-        let r = self.inner.dispatch().notify(event, pod, container).await;
+        let d = self.inner.dispatch();
+        let mut admitted = d.admit(&[event]);
+        let r = d.notify(&mut admitted, event, pod, container).await;
+        // Recorded before the request counts as finished, so a sync that
+        // waits for it sees it (see `crate::known`).
         let known = &self.inner.known;
         match (event, container) {
             (Event::RUN_POD_SANDBOX, _) if r.is_ok() => known.pod_started(pod),
@@ -261,6 +269,7 @@ impl Adaptation {
             (Event::REMOVE_CONTAINER, Some(c)) => known.container_removed(&c.id),
             _ => {}
         }
+        drop(admitted);
         r
     }
 
@@ -278,8 +287,9 @@ impl Adaptation {
     /// # Errors
     /// As [`Adaptation::run_pod_sandbox`].
     pub async fn update_pod_sandbox(&self, req: &api::UpdatePodSandboxRequest) -> Result<(), Error> {
-        let _req = self.inner.request_lock.lock().await;
-        self.inner.dispatch().update_pod_sandbox(req).await
+        let d = self.inner.dispatch();
+        let mut admitted = d.admit(&[Event::UPDATE_POD_SANDBOX]);
+        d.update_pod_sandbox(&mut admitted, req).await
     }
 
     /// Relays PostUpdatePodSandbox.
@@ -334,9 +344,9 @@ impl Adaptation {
         (r, report)
     }
 
-    /// CreateContainer under the request lock, the created container
-    /// recorded for later syncs; evictions delivered once the lock is
-    /// released.
+    /// CreateContainer admitted to the plugins' order, the created
+    /// container recorded for later syncs; evictions delivered once the
+    /// request is finished.
     async fn create(
         &self,
         req: api::CreateContainerRequest,
@@ -344,12 +354,9 @@ impl Adaptation {
     ) -> Result<api::CreateContainerResponse, Error> {
         let mut evictions = Evictions::default();
         let r = {
-            let _req = self.inner.request_lock.lock().await;
-            let r = self
-                .inner
-                .dispatch()
-                .create_container(req, report, &mut evictions)
-                .await;
+            let d = self.inner.dispatch();
+            let mut admitted = d.admit(&[Event::CREATE_CONTAINER, Event::VALIDATE_CONTAINER_ADJUSTMENT]);
+            let r = d.create_container(&mut admitted, req, report, &mut evictions).await;
             // Not `?`: the evictions of a failed create are delivered too.
             r.map(|(rsp, container)| {
                 self.inner.known.created(container);
@@ -394,12 +401,14 @@ impl Adaptation {
     pub async fn update_container(&self, req: api::UpdateContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
         let mut evictions = Evictions::default();
         let r = {
-            let _req = self.inner.request_lock.lock().await;
+            let d = self.inner.dispatch();
+            let mut admitted = d.admit(&[Event::UPDATE_CONTAINER]);
             let target = req.container.clone().unwrap_or_default();
-            let r = self.inner.dispatch().update_container(req, &mut evictions).await;
+            let r = d.update_container(&mut admitted, req, &mut evictions).await;
             if let Ok(Some(last)) = r.as_ref().map(|u| u.last()) {
                 self.inner.known.updated(&target, last.linux.resources.get_or_default());
             }
+            drop(admitted);
             r
         };
         evictions.deliver(&self.inner.callbacks).await;
@@ -420,12 +429,14 @@ impl Adaptation {
     /// # Errors
     /// [`Error::Merge`], [`Error::Plugin`].
     pub async fn stop_container(&self, req: api::StopContainerRequest) -> Result<Vec<api::ContainerUpdate>, Error> {
-        let _req = self.inner.request_lock.lock().await;
-        let r = self.inner.dispatch().stop_container(&req).await;
+        let d = self.inner.dispatch();
+        let mut admitted = d.admit(&[Event::STOP_CONTAINER]);
+        let r = d.stop_container(&mut admitted, &req).await;
         // Stopped whatever the plugins answered: StopContainer reports it.
         self.inner
             .known
             .set_state(&req.container.id, api::ContainerState::CONTAINER_STOPPED);
+        drop(admitted);
         r
     }
 

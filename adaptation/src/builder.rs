@@ -210,6 +210,20 @@ impl AdaptationBuilder {
         self
     }
 
+    /// The view one plugin, by `NAME` or `IDX-NAME`, has of CreateContainer
+    /// and UpdateContainer (see [`PluginView`](crate::PluginView)).
+    pub fn with_plugin_view(mut self, plugin: impl Into<String>, view: crate::PluginView) -> Self {
+        self.opts.plugin_views.insert(plugin.into(), view);
+        self
+    }
+
+    /// The view of plugins without one of their own (default
+    /// [`PluginView::Adjusted`](crate::PluginView::Adjusted), as upstream).
+    pub fn with_default_view(mut self, view: crate::PluginView) -> Self {
+        self.opts.default_view = view;
+        self
+    }
+
     /// Checks the callbacks and builds the (stopped) adaptation.
     ///
     /// # Errors

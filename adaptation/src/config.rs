@@ -28,6 +28,29 @@ pub enum FailurePolicy {
     Fail,
 }
 
+/// What a plugin's CreateContainer and UpdateContainer requests hold, and
+/// so when it can be called.
+///
+/// | view | the plugin gets | it is called |
+/// |---|---|---|
+/// | [`Adjusted`](PluginView::Adjusted) (default, = upstream NRI) | the container (or the update) with the answers of the plugins before it in invocation order merged in | once every plugin before it answered |
+/// | [`Original`](PluginView::Original) | the container (or the update) as the runtime asked for it | at once, side by side with the others |
+///
+/// Either way the answers are merged in invocation order, so the merged
+/// adjustment, field owners, conflicts, validation and errors are those
+/// of calling the plugins one after another with the same answers. A
+/// create whose plugins all have the `Original` view costs about one
+/// plugin round trip, not one per plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginView {
+    /// Sees the adjustments of the plugins before it.
+    #[default]
+    Adjusted,
+    /// Sees the runtime's request only; called side by side.
+    Original,
+}
+
 /// Settings of an adaptation. Defaults are NRI's.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -59,6 +82,11 @@ pub struct Options {
     /// The sandbox of WebAssembly plugins: memory limit and grants (see
     /// [`crate::wasm`]; used with the `wasm` feature).
     pub wasm: crate::wasm::WasmOptions,
+    /// View of plugins not listed in `plugin_views`.
+    pub default_view: PluginView,
+    /// Per-plugin view, keyed by `NAME` or `IDX-NAME` (the latter wins).
+    /// Read at every request.
+    pub plugin_views: HashMap<String, PluginView>,
 }
 
 impl Default for Options {
@@ -76,6 +104,8 @@ impl Default for Options {
             default_permissions: None,
             plugin_permissions: HashMap::new(),
             wasm: crate::wasm::WasmOptions::default(),
+            default_view: PluginView::Adjusted,
+            plugin_views: HashMap::new(),
         }
     }
 }
@@ -88,6 +118,18 @@ impl Options {
             .or_else(|| self.failure_policies.get(base))
             .copied()
             .unwrap_or(self.default_failure_policy)
+    }
+
+    /// The view of plugin `idx-base`.
+    pub fn view(&self, idx: &str, base: &str) -> PluginView {
+        if self.plugin_views.is_empty() {
+            return self.default_view;
+        }
+        self.plugin_views
+            .get(&format!("{idx}-{base}"))
+            .or_else(|| self.plugin_views.get(base))
+            .copied()
+            .unwrap_or(self.default_view)
     }
 
     /// The permissions of plugin `plugin` (`IDX-NAME`): its `IDX-NAME`

@@ -66,7 +66,7 @@
 //! | piece | what |
 //! |---|---|
 //! | [`Adaptation`] | start/stop, plugin registry, one async method per lifecycle event |
-//! | [`Options`], [`FailurePolicy`] | socket and plugin paths, timeouts, per-plugin failure policy |
+//! | [`Options`], [`FailurePolicy`], [`PluginView`] | socket and plugin paths, timeouts, per-plugin failure policy and view |
 //! | [`permissions`] | per-plugin permissions: which field groups a plugin may change |
 //! | [`adjust`], [`update`], [`spec::to_oci_resources`] | apply plugins' adjustments and updates to an OCI spec |
 //! | [`convert`] | the plugins' view of a container from its OCI spec |
@@ -159,8 +159,8 @@
 //! CreateContainer → PostCreateContainer → StartContainer →
 //! PostStartContainer → (UpdateContainer → PostUpdateContainer)* →
 //! StopContainer → RemoveContainer. Each method relays its event to every
-//! subscribed plugin before it returns, one event at a time in the order
-//! the runtime calls them.
+//! subscribed plugin before it returns; events the runtime sends one after
+//! another reach every plugin in that order (see "Ordering").
 //!
 //! **StopContainer exactly once** per container that got CreateContainer,
 //! whether the runtime stopped it, it was killed or evicted, or it exited
@@ -187,6 +187,50 @@
 //! or joining plugins are told of the container.
 //! [`Adaptation::block_plugin_sync`] (upstream's `BlockPluginSync`) still
 //! holds off syncs, for a runtime's own reasons.
+//!
+//! # Ordering
+//!
+//! A runtime may call the event methods from many tasks at once; no lock
+//! is held across a request's plugin chain. Each call is *admitted* when it
+//! starts, and each plugin serves the requests it gets one at a time, in
+//! admission order. While plugin 20 works on one create, plugin 10 already
+//! works on the next.
+//!
+//! What a plugin can rely on:
+//!
+//! * It gets the next request only after it answered the previous one,
+//!   and requests in the order they were admitted; two plugins never see
+//!   two events in different orders. Events the runtime sends one after
+//!   another (a container's lifecycle) reach every plugin in that order.
+//! * With the default view ([`PluginView::Adjusted`], upstream's),
+//!   CreateContainer and UpdateContainer hold the answers of every plugin
+//!   before it in invocation order; with [`PluginView::Original`] they hold
+//!   the runtime's request, and the plugin is called at once, side by side.
+//! * The merged adjustment, field owners, conflicts, validation and the
+//!   error of a request are those of calling its plugins one after another
+//!   in invocation order with the same answers: answers are merged in that
+//!   order, and the first failure in that order is the request's.
+//! * A joining plugin's Synchronize holds what every request admitted
+//!   before it did; every request admitted after it reaches the plugin.
+//! * After a failed create, the StopContainer and RemoveContainer the
+//!   runtime sends reach every plugin after that create.
+//!
+//! What it cannot rely on:
+//!
+//! * That the plugins before it answered a request when it gets it, except
+//!   for CreateContainer and UpdateContainer with the adjusted view.
+//!   Notifications, UpdatePodSandbox, StopContainer and
+//!   ValidateContainerAdjustment go to their subscribers side by side.
+//! * That no other request is in flight: while it handles one create,
+//!   an earlier one may still be at a plugin after it.
+//! * That it did not get a create that failed: with the original view it
+//!   may have got it although a plugin before it refused it.
+//! * The order of two calls the runtime makes concurrently: they are
+//!   admitted in the order they reach the adaptation.
+//!
+//! Upstream's adaptation holds one mutex across each request: a request's
+//! whole plugin chain runs before the next request starts, and every
+//! event goes to its subscribers one after another.
 
 #![warn(missing_docs)]
 
@@ -211,7 +255,7 @@ pub mod wasm;
 pub use adaptation::Adaptation;
 pub use builder::AdaptationBuilder;
 pub use callbacks::RuntimeState;
-pub use config::{FailurePolicy, Options};
+pub use config::{FailurePolicy, Options, PluginView};
 pub use error::{BoxError, Error, PluginError, ValidationError};
 pub use nri_proto::{self, api, events::EventMask};
 pub use observe::{Observer, Outcome, Rejection};

@@ -10,8 +10,8 @@ use nri_proto::api::{self, Event, Field, security_profile::ProfileType};
 
 use crate::{
     error::{Error, ValidationError},
-    plugin::Plugin,
-    registry::Registry,
+    plugin::{Joined, Plugin},
+    registry::{Registry, turns::Turn},
     result::PendingOwners,
     result::owners::Owners,
 };
@@ -238,8 +238,6 @@ impl DefaultValidator {
 pub(crate) struct Validation<'a> {
     /// The default validator's settings, when it is enabled.
     default: Option<&'a DefaultValidatorConfig>,
-    /// The request's plugin snapshot, in invocation order.
-    plugins: &'a [Arc<Plugin>],
     /// Plugins present for validation; `None` without validators, so no
     /// list is built that nobody reads.
     present: Option<Vec<api::PluginInstance>>,
@@ -266,11 +264,7 @@ impl<'a> Validation<'a> {
             Some(_) => vec![instance("00", "default-validator")],
             None => Vec::new(),
         });
-        Validation {
-            default,
-            plugins,
-            present,
-        }
+        Validation { default, present }
     }
 
     /// Whether any validator will run.
@@ -287,12 +281,14 @@ impl<'a> Validation<'a> {
         }
     }
 
-    /// Runs every validator concurrently; the first rejection or failure in
-    /// plugin order (the built-in validator first) fails the create. A
-    /// validator whose connection failed is removed from `registry`.
+    /// Runs every validator of `validators` (each with its turn) side by
+    /// side; the first rejection or failure in plugin order (the built-in
+    /// validator first) fails the create. A validator whose connection
+    /// failed is removed from `registry`; one whose sync failed is passed by.
     pub async fn run(
         self,
         registry: &Registry,
+        validators: Vec<(Arc<Plugin>, Turn)>,
         pod: api::PodSandbox,
         pristine: api::Container,
         rsp: &api::CreateContainerResponse,
@@ -301,11 +297,6 @@ impl<'a> Validation<'a> {
         let Some(present) = self.present else {
             return Ok(());
         };
-        let validators: Vec<&Arc<Plugin>> = self
-            .plugins
-            .iter()
-            .filter(|p| p.subscribed(Event::VALIDATE_CONTAINER_ADJUSTMENT))
-            .collect();
         if validators.is_empty() && self.default.is_none() {
             return Ok(());
         }
@@ -327,9 +318,22 @@ impl<'a> Validation<'a> {
             }
             .into());
         }
-        let results = join_all(validators.iter().map(|p| p.validate(&req))).await;
+        let results = join_all(validators.into_iter().map(|(p, turn)| {
+            let req = &req;
+            async move {
+                turn.ready().await;
+                if p.joined() == Joined::Failed {
+                    return (p, None);
+                }
+                let r = p.validate(req).await;
+                drop(turn);
+                (p, Some(r))
+            }
+        }))
+        .await;
         let mut first = None;
-        for (p, r) in validators.iter().zip(results) {
+        for (p, r) in results {
+            let Some(r) = r else { continue };
             let err = match r {
                 Ok(v) if !v.reject => continue,
                 Ok(v) => ValidationError::Rejected {
@@ -342,7 +346,7 @@ impl<'a> Validation<'a> {
                 },
                 Err(e) => {
                     if e.is_fatal() {
-                        registry.remove(p).await;
+                        registry.remove(&p).await;
                     }
                     ValidationError::Failed {
                         validator: p.name().to_string(),

@@ -20,7 +20,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -255,31 +255,13 @@ async fn warm_up(cri: &Cri, mut c: Client, handler: &'static str) {
     c.remove_pod(&pod).await;
 }
 
-/// The nri-shim binary to measure.
-fn shim_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("NRI_SHIM_BIN") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<bench> -> target/dist/
-    let target = exe.ancestors().nth(3).expect("target dir");
-    let p = target.join("dist/containerd-shim-nri-shim-v2");
-    assert!(
-        p.exists(),
-        "{} is missing: run benches/density.sh, or `cargo build --profile dist -p nri-shim` first \
-         (or set NRI_SHIM_BIN)",
-        p.display()
-    );
-    p
-}
-
 fn main() {
     let sizes: Vec<usize> = std::env::var("NRI_DENSITY_N")
         .unwrap_or_else(|_| "50,100".into())
         .split(',')
         .map(|s| s.trim().parse().expect("NRI_DENSITY_N: comma-separated pod counts"))
         .collect();
-    let shim = shim_bin();
+    let shim = nri_benches::shim_under_test("benches/density.sh");
     let version = containerd_cmd("containerd")
         .arg("--version")
         .output()

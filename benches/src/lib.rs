@@ -292,6 +292,28 @@ pub fn bench_setup() -> (tokio::runtime::Runtime, PathBuf) {
     (rt, bin)
 }
 
+/// The nri-shim binary an end-to-end bench measures: `$NRI_SHIM_BIN`, or
+/// the `dist` build (the node artifact) of this target directory.
+///
+/// # Panics
+/// When neither exists, naming the command that builds it.
+pub fn shim_under_test(script: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os("NRI_SHIM_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<bench> -> target/dist/
+    let target = exe.ancestors().nth(3).expect("target dir");
+    let p = target.join("dist/containerd-shim-nri-shim-v2");
+    assert!(
+        p.exists(),
+        "{} is missing: run {script}, or `cargo build --profile dist -p nri-shim` first \
+         (or set NRI_SHIM_BIN)",
+        p.display()
+    );
+    p
+}
+
 /// Path of a binary of this package next to the running bench executable.
 pub fn sibling_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

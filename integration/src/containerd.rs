@@ -164,6 +164,8 @@ pub struct Setup<'a> {
     pub shim_toml: &'a str,
     /// The daemon's `idle_timeout` (default "2s").
     pub idle_timeout: &'a str,
+    /// The shim binary (default: this workspace's build).
+    pub shim_bin: Option<PathBuf>,
 }
 
 impl Containerd {
@@ -178,11 +180,11 @@ impl Containerd {
         let t = dir.path();
         let bin = t.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(
-            workspace_bin("containerd-shim-nri-shim-v2"),
-            bin.join("containerd-shim-nri-shim-v2"),
-        )
-        .unwrap();
+        let shim = setup
+            .shim_bin
+            .clone()
+            .unwrap_or_else(|| workspace_bin("containerd-shim-nri-shim-v2"));
+        std::os::unix::fs::symlink(shim, bin.join("containerd-shim-nri-shim-v2")).unwrap();
         let rootfs = t.join("rootfs");
         busybox_rootfs(&rootfs);
         let (plugin_dir, conf_dir) = (t.join("plugins"), t.join("conf.d"));

@@ -188,12 +188,16 @@ pub struct CriSetup<'a> {
     /// containerd` (on the config otherwise written here), as an operator
     /// would add it, instead of being written here.
     pub configure: bool,
+    /// Where an installer puts the shim (it may not exist yet): containerd
+    /// finds it there (a link on its PATH), and its config names no
+    /// `nri-shim` handler until the installer adds one.
+    pub installed_shim: Option<PathBuf>,
 }
 
 /// The CRI config of [`CriSetup::systemd_handlers`], with our handler's
 /// options file written into `dir`.
 /// The handler name of nri-shim declared as `io.containerd.runc.v2` with
-/// `runtime_path` (containerd 2.x only; see [`as_runc_handler`]).
+/// `runtime_path` (containerd 2.x only; see `as_runc_handler`).
 pub const AS_RUNC: &str = "nri-shim-as-runc";
 
 /// On containerd 2.x: the [`AS_RUNC`] handler, this shim declared with
@@ -287,7 +291,8 @@ impl Cri {
             .clone()
             .unwrap_or_else(|| workspace_bin("containerd-shim-nri-shim-v2"));
         assert!(shim_bin.exists(), "{} is missing", shim_bin.display());
-        std::os::unix::fs::symlink(&shim_bin, bin.join("containerd-shim-nri-shim-v2")).unwrap();
+        let on_path = setup.installed_shim.as_ref().unwrap_or(&shim_bin);
+        std::os::unix::fs::symlink(on_path, bin.join("containerd-shim-nri-shim-v2")).unwrap();
         let (plugin_dir, conf_dir) = (t.join("nri/plugins"), t.join("nri/conf.d"));
         std::fs::create_dir_all(&plugin_dir).unwrap();
         std::fs::create_dir_all(&conf_dir).unwrap();
@@ -361,7 +366,7 @@ state = "{t}/state"
                 cni_conf = cni_conf.display(),
                 nri_off = containerd_nri_off(),
                 as_runc = as_runc_handler(&bin),
-                nri_shim_handler = if setup.configure {
+                nri_shim_handler = if setup.configure || setup.installed_shim.is_some() {
                     ""
                 } else {
                     "    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nri-shim]\n      runtime_type = \"io.containerd.nri-shim.v2\"\n"
@@ -511,6 +516,26 @@ log_level = "debug"
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         });
+    }
+
+    /// Starts containerd again if it has exited (as a supervisor would,
+    /// for a test that restarts it with a signal); returns whether it did.
+    /// Nothing after [`Cri::teardown`].
+    pub fn respawn_if_exited(&self) -> bool {
+        let mut guard = self.child.lock().unwrap();
+        let Some(child) = guard.as_mut() else {
+            return false;
+        };
+        if matches!(child.try_wait(), Ok(None)) {
+            return false;
+        }
+        *guard = Some(spawn_containerd(&self.dir));
+        true
+    }
+
+    /// The pid of the containerd started last.
+    pub fn containerd_pid(&self) -> Option<u32> {
+        self.child.lock().unwrap().as_ref().map(Child::id)
     }
 
     /// A CRI client on containerd's socket (create it in the runtime that uses it).

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod parity;
 pub mod raw;
+pub mod task;
 
 /// Path of the scriptable test plugin, valid in this package's tests.
 #[macro_export]

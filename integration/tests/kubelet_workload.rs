@@ -67,8 +67,11 @@ impl Load {
         threads.push(std::thread::spawn(move || {
             use std::os::unix::fs::FileExt;
             // Rewritten in place, never truncated or removed: dirty pages
-            // that the next sync of this filesystem has to write out (2
-            // GiB, one MiB at a time, round and round).
+            // that the next sync of this filesystem has to write out, one
+            // MiB at a time, round and round. At most 2 GiB and at most a
+            // quarter of the space left, so that the load never fills the
+            // disk the containers' layers need (a CI machine may have
+            // little free).
             let Ok(f) = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -78,16 +81,27 @@ impl Load {
                 return;
             };
             let chunk = vec![0x5au8; 1 << 20];
+            let size = writer_size(&file);
             let mut at = 0u64;
             while !s.load(Ordering::Relaxed) {
                 if f.write_all_at(&chunk, at).is_err() {
                     return;
                 }
-                at = (at + (1 << 20)) % (2 << 30);
+                at = (at + (1 << 20)) % size;
             }
         }));
         Load { stop, threads }
     }
+}
+
+/// How many bytes the dirty-page writer goes round in: a quarter of the
+/// free space of `file`'s filesystem, between 1 MiB and 2 GiB.
+fn writer_size(file: &std::path::Path) -> u64 {
+    let dir = file.parent().unwrap_or(file);
+    let free = nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() * s.fragment_size())
+        .unwrap_or(0);
+    (free / 4).clamp(1 << 20, 2 << 30) & !((1 << 20) - 1)
 }
 
 impl Drop for Load {
@@ -250,43 +264,18 @@ async fn state_canary(cri: &Cri, id: &str, m: &Mutex<Measured>, until: Instant) 
         .map(|d| d.path().join("task.sock"))
         .find(|p| p.exists())
         .expect("the daemon's task socket");
-    let client = ttrpc::asynchronous::Client::connect(&format!("unix://{}", sock.display()))
-        .await
-        .expect("connect to the daemon");
-    use protobuf::Message;
-    let req = containerd_shim_protos::api::StateRequest {
-        id: id.into(),
-        ..Default::default()
-    };
+    let client = integration::task::TaskClient::connect(
+        &sock.display().to_string(),
+        integration::cri::CRI_NAMESPACE,
+        integration::containerd::containerd_major(),
+    )
+    .await;
     while Instant::now() < until {
-        let mut ctx = ttrpc::context::with_timeout(Duration::from_secs(20).as_nanos() as i64);
-        ctx.add(
-            nri_shim_namespace_header().into(),
-            integration::cri::CRI_NAMESPACE.into(),
-        );
-        let call = ttrpc::proto::Request {
-            service: "containerd.task.v2.Task".into(),
-            method: "State".into(),
-            timeout_nano: ctx.timeout_nano,
-            metadata: ttrpc::context::to_pb(ctx.metadata),
-            payload: req.write_to_bytes().unwrap(),
-            ..Default::default()
-        };
         let start = Instant::now();
-        let res = client.request(call).await.expect("Task.State");
-        assert!(
-            res.status.as_ref().is_none_or(|s| s.code() == ttrpc::Code::OK),
-            "Task.State: {:?}",
-            res.status
-        );
+        client.state(id).await.expect("Task.State");
         m.lock().unwrap().state.push(start.elapsed());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// The ttrpc metadata key of the containerd namespace.
-fn nri_shim_namespace_header() -> &'static str {
-    "containerd-namespace-ttrpc"
 }
 
 fn max(v: impl IntoIterator<Item = Duration>) -> Duration {

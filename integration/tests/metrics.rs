@@ -53,6 +53,7 @@ fn a_scrape_shows_plugin_requests_outcomes_latency_plugins_and_tasks() {
         ],
         shim_toml: &shim_toml,
         idle_timeout: "60s",
+        ..Default::default()
     });
 
     let out = c.run("ctrd-m-run", &["-d"], &["/bin/sleep", "300"]);

@@ -31,6 +31,10 @@
 //! memory_limit = "128MiB"
 //! env = { NODE_NAME = "node-1" }     # what it sees through WASI; none by default
 //!
+//! [nri.plugin_view]           # per plugin (NAME or IDX-NAME): "adjusted" or "original"
+//! default = "adjusted"
+//! "10-cpu-pinning" = "original"
+//!
 //! [shim]
 //! state_root = "/run/nri-shim"  # daemon sockets and libcontainer state
 //! idle_timeout = "30s"          # daemon exits after this long with no containers
@@ -51,7 +55,7 @@ use std::{
 };
 
 use nri_adaptation::{
-    DefaultValidatorConfig, FailurePolicy, Options, Permissions,
+    DefaultValidatorConfig, FailurePolicy, Options, Permissions, PluginView,
     wasm::{WasmGrants, WasmOptions},
 };
 use serde::{Deserialize, Deserializer};
@@ -186,6 +190,10 @@ pub struct NriConfig {
     pub plugin_permissions: HashMap<String, Permissions>,
     /// The sandbox of WebAssembly plugins (`[nri.wasm]`).
     pub wasm: WasmConfig,
+    /// What each plugin's CreateContainer and UpdateContainer hold, and so
+    /// whether it is called side by side (`original`) or after the plugins
+    /// before it (`adjusted`, upstream NRI); key `default` for all others.
+    pub plugin_view: HashMap<String, PluginView>,
 }
 
 /// The `[nri.wasm]` table: the sandbox of WebAssembly plugins (see
@@ -300,6 +308,7 @@ impl Default for NriConfig {
             failure_policy: HashMap::new(),
             plugin_permissions: HashMap::new(),
             wasm: WasmConfig::default(),
+            plugin_view: HashMap::new(),
         }
     }
 }
@@ -311,6 +320,8 @@ impl NriConfig {
         let default = policies.remove("default").unwrap_or_default();
         let mut permissions = self.plugin_permissions.clone();
         let default_permissions = permissions.remove("default");
+        let mut views = self.plugin_view.clone();
+        let default_view = views.remove("default").unwrap_or_default();
         Options {
             socket_path: self.socket_path.clone(),
             plugin_path: self.plugin_path.clone(),
@@ -325,6 +336,8 @@ impl NriConfig {
             plugin_permissions: permissions,
             // Checked when the file is parsed (Config::parse).
             wasm: self.wasm.options().unwrap_or_default(),
+            default_view,
+            plugin_views: views,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! through [`blocking`]; those and the awaited steps named with [`timed`]
 //! (NRI, the libcontainer helper) are recorded for the request in progress,
 //! and a request that took [`SLOW`] or more is logged at warn with what it
-//! waited on ([`request`]). [`Watchdog`] watches the runtime thread itself
+//! waited on ([`request`]). [`start_watchdog`] watches the runtime thread itself
 //! from a thread of its own and logs, at warn, when it did not run for
 //! [`SLOW`], with the system call and kernel function it was in.
 

@@ -12,7 +12,7 @@ mod wasm;
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicI32, Ordering},
+        atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering},
     },
     time::Duration,
 };
@@ -29,7 +29,24 @@ use link::Link;
 #[cfg(feature = "wasm")]
 pub(crate) use wasm::WasmPlugin;
 
-use crate::{config::FailurePolicy, error::PluginError, observe::Outcome, registry::launch::PluginProcess};
+use crate::{
+    config::FailurePolicy,
+    error::PluginError,
+    observe::Outcome,
+    registry::{launch::PluginProcess, turns::Turnstile},
+};
+
+/// Where a plugin is in joining the runtime's order of requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Joined {
+    /// Admitted to the order, its Synchronize not yet answered: requests
+    /// admitted since wait behind it.
+    Syncing = 0,
+    /// Synchronized: in the registry's active list.
+    Active = 1,
+    /// Its sync failed: requests that wait for it pass it by.
+    Failed = 2,
+}
 
 /// How a plugin came to be connected.
 #[derive(Debug, Clone)]
@@ -86,6 +103,11 @@ pub(crate) struct Plugin {
     /// process is gone.
     child: tokio::sync::Mutex<Option<PluginProcess>>,
     host: Arc<dyn Host>,
+    /// Its turns: the runtime's requests it gets, one at a time, in the
+    /// order they were admitted (see [`crate::registry::turns`]).
+    pub turns: Arc<Turnstile>,
+    /// A [`Joined`].
+    joined: AtomicU8,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -125,7 +147,23 @@ impl Plugin {
             close_notify: tokio::sync::Notify::new(),
             child: tokio::sync::Mutex::new(parts.child),
             host: parts.host,
+            turns: Arc::default(),
+            joined: AtomicU8::new(Joined::Syncing as u8),
         })
+    }
+
+    /// Where the plugin is in joining.
+    pub fn joined(&self) -> Joined {
+        match self.joined.load(Ordering::SeqCst) {
+            0 => Joined::Syncing,
+            1 => Joined::Active,
+            _ => Joined::Failed,
+        }
+    }
+
+    /// Records the outcome of its join.
+    pub fn set_joined(&self, j: Joined) {
+        self.joined.store(j as u8, Ordering::SeqCst);
     }
 
     /// Builds the record from `parts` and configures it; a plugin that

@@ -1,8 +1,9 @@
-//! The plugin table: active plugins in invocation order (index, then
-//! name), the `IDX-NAME`s taken by registered or registering plugins, and
-//! removal of a plugin whose connection went away. Around it: how plugins
-//! join ([`launch`] of pre-installed ones, the [`socket`] external ones
-//! dial, [`sync`] on joining) and how one runtime request reaches them
+//! The plugin table: plugins in invocation order (index, then name), those
+//! synchronizing and the active ones, the `IDX-NAME`s taken by registered
+//! or registering plugins, and removal of a plugin whose connection went
+//! away. Around it: how plugins join ([`launch`] of pre-installed ones, the
+//! [`socket`] external ones dial, [`sync`] on joining), the order in which
+//! they get requests ([`turns`]) and how one runtime request reaches them
 //! ([`dispatch`]). May use `plugin`, `result`, `validate`, `known` and the
 //! crate's API types; the [`crate::Adaptation`] drives it.
 
@@ -10,6 +11,7 @@ pub(crate) mod dispatch;
 pub(crate) mod launch;
 pub(crate) mod socket;
 pub(crate) mod sync;
+pub(crate) mod turns;
 
 use std::{
     collections::HashSet,
@@ -18,21 +20,33 @@ use std::{
 
 use nri_proto::sync::{lock, read, write};
 
-use crate::plugin::{Plugin, PluginOrigin};
+use crate::plugin::{Joined, Plugin, PluginOrigin};
 
-/// Active plugins and reserved names.
+/// Plugins in the order of requests, and reserved names.
 #[derive(Default)]
 pub(crate) struct Registry {
-    /// Sorted by (index, name).
+    /// Sorted by (index, name): the active plugins and those whose
+    /// Synchronize is under way ([`Joined::Syncing`]).
     plugins: RwLock<Vec<Arc<Plugin>>>,
     /// `IDX-NAME` of every registered (or registering) plugin.
     reserved: Mutex<HashSet<String>>,
 }
 
 impl Registry {
-    /// The active plugins in invocation order. A request works on this
-    /// copy, so plugins joining or leaving meanwhile do not disturb it.
+    /// The active plugins in invocation order.
     pub fn snapshot(&self) -> Vec<Arc<Plugin>> {
+        read(&self.plugins)
+            .iter()
+            .filter(|p| p.joined() == Joined::Active)
+            .cloned()
+            .collect()
+    }
+
+    /// The plugins a request admitted now may call, in invocation order:
+    /// the active ones and those synchronizing (a request waits behind
+    /// their Synchronize). A request works on this copy, so plugins
+    /// joining or leaving meanwhile do not disturb it.
+    pub fn lineup(&self) -> Vec<Arc<Plugin>> {
         read(&self.plugins).clone()
     }
 
@@ -63,15 +77,19 @@ impl Registry {
         lock(&self.reserved)
     }
 
-    /// Activates a synchronized plugin, and removes it again as soon as
-    /// its connection goes away.
-    pub fn add(self: &Arc<Self>, p: Arc<Plugin>) {
-        {
-            let mut list = write(&self.plugins);
-            list.push(p.clone());
-            // Stable order: index, then name (upstream leaves ties unordered).
-            list.sort_by(|a, b| (a.idx.as_str(), a.base.as_str()).cmp(&(b.idx.as_str(), b.base.as_str())));
-        }
+    /// Puts a plugin about to synchronize into the order (under the
+    /// admission lock: requests admitted from now on include it).
+    pub fn enter(&self, p: Arc<Plugin>) {
+        let mut list = write(&self.plugins);
+        list.push(p);
+        // Stable order: index, then name (upstream leaves ties unordered).
+        list.sort_by(|a, b| (a.idx.as_str(), a.base.as_str()).cmp(&(b.idx.as_str(), b.base.as_str())));
+    }
+
+    /// Marks an entered plugin synchronized, and removes it again as soon
+    /// as its connection goes away.
+    pub fn activate(self: &Arc<Self>, p: Arc<Plugin>) {
+        p.set_joined(Joined::Active);
         tracing::info!(plugin = %p.name(), origin = %p.origin, "NRI plugin active");
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -87,6 +105,13 @@ impl Registry {
                 }
             }
         });
+    }
+
+    /// Takes out an entered plugin whose sync failed; requests that were
+    /// admitted with it pass it by.
+    pub fn fail(&self, p: &Arc<Plugin>) {
+        p.set_joined(Joined::Failed);
+        self.take(p);
     }
 
     /// Takes `p` out of the table; whether it was there.

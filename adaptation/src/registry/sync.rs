@@ -1,12 +1,14 @@
 //! How plugins join: builtin and pre-installed plugins at start, external
 //! ones as they connect. Each is registered and configured (see
-//! [`crate::plugin`]), synchronized with the runtime's pods and containers,
-//! and only then added to the registry, so it sees the current state
-//! before any event. Every pod and container event is either in the state
-//! a plugin is synchronized with or reaches the plugin: the runtime's
-//! answer is completed with the adaptation's own record of events, and
-//! events wait while the plugin synchronizes (see [`crate::known`]). A
-//! runtime needs no [`PluginSyncBlock`] for this.
+//! [`crate::plugin`]), then enters the order of requests with its
+//! Synchronize as its first turn (see [`crate::registry::turns`]), so it
+//! sees the current state before any event. Every pod and container event
+//! is either in the state a plugin is synchronized with or reaches the
+//! plugin: the sync waits until every request admitted before it is
+//! finished, the runtime's answer is completed with the adaptation's own
+//! record of those requests (see [`crate::known`]), and requests admitted
+//! after it reach the plugin once it answered its Synchronize. A runtime
+//! needs no [`PluginSyncBlock`] for this.
 
 use std::{
     sync::{Arc, Weak},
@@ -22,7 +24,7 @@ use crate::{
     error::{BoxError, Error, PluginError},
     observe::{Outcome, Rejection},
     permissions::{self, PermissionError},
-    plugin::{HandshakeParams, Host, LaunchedIdentity, Plugin},
+    plugin::{HandshakeParams, Host, Joined, LaunchedIdentity, Plugin},
     registry::launch,
 };
 
@@ -175,22 +177,41 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
             return Err(Error::SyncCallback(e));
         }
     };
-    // As for an external plugin (see `connect_external`): a runtime may
-    // send events while the adaptation starts.
-    let req = inner.request_lock.lock().await;
+    // As for an external plugin (see `join`): a runtime may send events
+    // while the adaptation starts.
+    let (barrier, turns) = inner.admission.barrier(|| {
+        launched
+            .iter()
+            .map(|p| {
+                let turn = p.turns.issue();
+                inner.registry.enter(p.clone());
+                turn
+            })
+            .collect::<Vec<_>>()
+    });
+    inner.admission.settled(barrier).await;
     let state = ticket.complete(state);
     let mut ready = Vec::new();
     let mut updates = Vec::new();
-    for (i, p) in launched.into_iter().enumerate() {
+    for (i, (p, turn)) in launched.into_iter().zip(turns).enumerate() {
         match synchronize(inner, &p, &state.pods, &state.containers).await {
             Ok(u) => {
                 updates.extend(u);
-                ready.push(p);
+                ready.push((p, turn));
             }
             Err(e) if i < n_builtins => {
-                for p in &ready {
+                for (p, _) in &ready {
+                    inner.registry.fail(p);
                     p.shutdown(Duration::ZERO).await;
                 }
+                // Those not synchronized yet leave the order too.
+                for q in inner.registry.lineup() {
+                    if q.joined() == Joined::Syncing {
+                        inner.registry.fail(&q);
+                        q.shutdown(Duration::ZERO).await;
+                    }
+                }
+                inner.registry.fail(&p);
                 p.close().await;
                 return Err(Error::Builtin {
                     plugin: p.name().to_string(),
@@ -199,15 +220,17 @@ pub(crate) async fn start_plugins(inner: &Arc<Inner>) -> Result<(), Error> {
             }
             Err(e) => {
                 tracing::error!(plugin = %p.name(), error = %e, "failed to synchronize pre-installed NRI plugin, dropping it");
+                inner.registry.fail(&p);
+                drop(turn);
                 p.close().await;
                 p.kill().await;
             }
         }
     }
-    for p in ready {
-        inner.registry.add(p);
+    for (p, turn) in ready {
+        inner.registry.activate(p);
+        drop(turn);
     }
-    drop(req);
     drop(ticket);
     inner.callbacks.apply_updates(updates).await;
     Ok(())
@@ -327,30 +350,38 @@ pub(crate) async fn join(inner: &Arc<Inner>, plugin: Arc<Plugin>) -> bool {
             return false;
         }
     };
-    // Held from completing the state until the plugin is active: an event
-    // is either in the record the state is completed with, or waits and
-    // reaches the plugin. Not around the runtime's callbacks, which may
-    // take locks the runtime holds while calling an event method.
-    let req = inner.request_lock.lock().await;
+    // Into the order of requests, its Synchronize first: requests admitted
+    // from now on reach it after the sync; those admitted before are in
+    // the record the state is completed with once they are finished. Not
+    // around the runtime's callbacks, which may take locks the runtime
+    // holds while calling an event method.
+    let (barrier, turn) = inner.admission.barrier(|| {
+        let turn = plugin.turns.issue();
+        inner.registry.enter(plugin.clone());
+        turn
+    });
+    inner.admission.settled(barrier).await;
     let state = ticket.complete(state);
     let updates = match synchronize(inner, &plugin, &state.pods, &state.containers).await {
         Ok(updates) if inner.is_running() && !plugin.is_closed() => {
-            inner.registry.add(plugin);
+            inner.registry.activate(plugin);
             updates
         }
         Ok(_) => {
+            inner.registry.fail(&plugin);
             plugin.close().await;
             plugin.kill().await;
             return false;
         }
         Err(e) => {
             tracing::error!(plugin = %plugin.name(), error = %e, "failed to synchronize NRI plugin, closing it");
+            inner.registry.fail(&plugin);
             plugin.close().await;
             plugin.kill().await;
             return false;
         }
     };
-    drop(req);
+    drop(turn);
     drop(ticket);
     inner.callbacks.apply_updates(updates).await;
     true

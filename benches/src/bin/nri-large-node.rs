@@ -10,15 +10,18 @@
 //!   and the whole join from the plugin's start to its being active (its
 //!   process start, connect, RegisterPlugin, Configure, the sync callback
 //!   and Synchronize).
-//! * `create`: 8 `nri-bench-plugin` processes attached (each answering
-//!   with its slot's adjustment, as in `merge`), rounds of 50 concurrent
-//!   CreateContainer: latency of each from its submission (p50, p99, max),
-//!   and, as the service time, creates one at a time.
+//! * `create`: first one `nri-bench-plugin` process, creates one at a
+//!   time (the plugin round trip); then 8 processes (each answering with
+//!   its slot's adjustment, as in `merge`), under each plugin view
+//!   (`adjusted`: each after the ones before it; `original`: side by
+//!   side): creates one at a time, and rounds of 50 concurrent
+//!   CreateContainer, the latency of each from its submission (p50, p99,
+//!   max).
 //!
 //! A current-thread runtime, as the shim daemon uses. Run with
 //! `cargo build --release -p nri-benches && ./target/release/nri-large-node`
 //! (`NRI_LARGE_ROUNDS` sets the number of sync joins and create rounds,
-//! default 20); it uses the `nri-bench-plugin` built next to it, which
+//! default 20; `NRI_LARGE_ONLY=create` skips the joins); it uses the `nri-bench-plugin` built next to it, which
 //! `cargo run --bin nri-large-node` alone does not build.
 
 use std::{
@@ -28,7 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nri_adaptation::{Adaptation, Observer, Outcome, Rejection, RuntimeState, api};
+use nri_adaptation::{Adaptation, Observer, Outcome, PluginView, Rejection, RuntimeState, api};
 use nri_benches::{Procs, bench_request, container_resources, spawn_plugins};
 use protobuf::{Message, MessageField};
 
@@ -241,10 +244,12 @@ fn main() {
     let sock = dir.path().join("nri.sock");
     rt.block_on(nri.start()).unwrap();
 
-    // Sync: one plugin joining at a time.
+    // Sync: one plugin joining at a time (`NRI_LARGE_ONLY=create` skips
+    // it, to profile the creates alone).
+    let only_creates = std::env::var("NRI_LARGE_ONLY").is_ok_and(|v| v == "create");
     let mut syncs = Vec::new();
     let mut joins = Vec::new();
-    for i in 0..n {
+    for i in 0..if only_creates { 0 } else { n } {
         let name = format!("sync{i}");
         let t0 = Instant::now();
         let mut child = Command::new(&bin)
@@ -281,17 +286,17 @@ fn main() {
     }
     syncs.sort();
     joins.sort();
-    println!(
-        "large_node/sync      Synchronize p50 {}  max {}   join (process start to active) p50 {}  max {}   ({n} joins)",
-        ms(pct(&syncs, 50)),
-        ms(*syncs.last().unwrap()),
-        ms(pct(&joins, 50)),
-        ms(*joins.last().unwrap()),
-    );
+    if !only_creates {
+        println!(
+            "large_node/sync      Synchronize p50 {}  max {}   join (process start to active) p50 {}  max {}   ({n} joins)",
+            ms(pct(&syncs, 50)),
+            ms(*syncs.last().unwrap()),
+            ms(pct(&joins, 50)),
+            ms(*joins.last().unwrap()),
+        );
+    }
 
-    // Creates: 8 plugins attached.
-    let slots: Vec<Option<usize>> = (0..PLUGINS).map(Some).collect();
-    let procs: Procs = rt.block_on(spawn_plugins(&bin, &nri, &sock, &slots));
+    // Creates. The request of create k.
     let request = |k: usize| {
         let mut r = bench_request();
         let p = &s.pods[k % PODS];
@@ -301,54 +306,82 @@ fn main() {
         c.pod_sandbox_id = p.id.clone();
         r
     };
-    // Warm up, then one at a time: the service time of one create.
     let mut k = 0;
-    let mut single = Vec::new();
-    for _ in 0..(5 * n).max(20) {
-        k += 1;
-        let r = request(k);
-        let t0 = Instant::now();
-        rt.block_on(nri.create_container(r)).unwrap();
-        single.push(t0.elapsed());
-    }
-    single.sort();
-    let mut lat = Vec::new();
-    let t_all = Instant::now();
-    for _ in 0..n {
-        let reqs: Vec<_> = (0..CONCURRENT)
-            .map(|_| {
-                k += 1;
-                request(k)
-            })
-            .collect();
-        rt.block_on(async {
-            let mut set = tokio::task::JoinSet::new();
-            for r in reqs {
-                let nri = nri.clone();
-                set.spawn(async move {
-                    let t0 = Instant::now();
-                    nri.create_container(r).await.unwrap();
-                    t0.elapsed()
-                });
-            }
-            while let Some(d) = set.join_next().await {
-                lat.push(d.unwrap());
-            }
-        });
-    }
-    let wall = t_all.elapsed();
-    lat.sort();
+    // One create at a time: its latency (warmed up first).
+    let single = |k: &mut usize| {
+        let mut lat = Vec::new();
+        for _ in 0..(5 * n).max(20) {
+            *k += 1;
+            let r = request(*k);
+            let t0 = Instant::now();
+            rt.block_on(nri.create_container(r)).unwrap();
+            lat.push(t0.elapsed());
+        }
+        lat.sort();
+        lat
+    };
+    // One plugin process: the round trip a create costs at least.
+    let one = rt.block_on(spawn_plugins(&bin, &nri, &sock, &[Some(0)]));
+    let rtt = single(&mut k);
+    drop(one);
+    rt.block_on(async {
+        while !nri.plugin_names().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
     println!(
-        "large_node/create    {PLUGINS} plugins, {CONCURRENT} concurrent: p50 {}  p99 {}  max {}   ({} creates, {:.0}/s)   \
-         one at a time: p50 {}  p99 {}",
-        ms(pct(&lat, 50)),
-        ms(pct(&lat, 99)),
-        ms(*lat.last().unwrap()),
-        lat.len(),
-        lat.len() as f64 / wall.as_secs_f64(),
-        ms(pct(&single, 50)),
-        ms(pct(&single, 99)),
+        "large_node/create    1 plugin, one at a time: p50 {}  p99 {}",
+        ms(pct(&rtt, 50)),
+        ms(pct(&rtt, 99)),
     );
+    // 8 plugins, under each view.
+    let slots: Vec<Option<usize>> = (0..PLUGINS).map(Some).collect();
+    let procs: Procs = rt.block_on(spawn_plugins(&bin, &nri, &sock, &slots));
+    for view in [PluginView::Adjusted, PluginView::Original] {
+        let mut opts = (*nri.options()).clone();
+        opts.default_view = view;
+        rt.block_on(nri.reconfigure(opts)).expect("reconfigure");
+        let one_at_a_time = single(&mut k);
+        let mut lat = Vec::new();
+        let t_all = Instant::now();
+        for _ in 0..n {
+            let reqs: Vec<_> = (0..CONCURRENT)
+                .map(|_| {
+                    k += 1;
+                    request(k)
+                })
+                .collect();
+            rt.block_on(async {
+                let mut set = tokio::task::JoinSet::new();
+                for r in reqs {
+                    let nri = nri.clone();
+                    set.spawn(async move {
+                        let t0 = Instant::now();
+                        nri.create_container(r).await.unwrap();
+                        t0.elapsed()
+                    });
+                }
+                while let Some(d) = set.join_next().await {
+                    lat.push(d.unwrap());
+                }
+            });
+        }
+        let wall = t_all.elapsed();
+        lat.sort();
+        let view_name = format!("{view:?}").to_lowercase();
+        println!(
+            "large_node/create    {PLUGINS} plugins, view {view_name}: one at a time p50 {}  p99 {} ({:.1}x the 1-plugin p50)   \
+             {CONCURRENT} concurrent: p50 {}  p99 {}  max {}   ({} creates, {:.0}/s)",
+            ms(pct(&one_at_a_time, 50)),
+            ms(pct(&one_at_a_time, 99)),
+            pct(&one_at_a_time, 50).as_secs_f64() / pct(&rtt, 50).as_secs_f64(),
+            ms(pct(&lat, 50)),
+            ms(pct(&lat, 99)),
+            ms(*lat.last().unwrap()),
+            lat.len(),
+            lat.len() as f64 / wall.as_secs_f64(),
+        );
+    }
     println!("large_node: load average {}", load());
     rt.block_on(nri.stop());
     drop(procs);

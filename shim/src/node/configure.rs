@@ -448,10 +448,15 @@ fn edit(
         }
     }
     // containerd's NRI: on by default in 2.x, off unless enabled in 1.7.
+    // A version 2 file does not tell 1.x from 2.x (containerd 2.x reads
+    // it too, Debian's 2.x package ships one, and runs its NRI then):
+    // --containerd-nri=disable writes `disable = true` on either version
+    // unless the file says so already.
     let nri = "io.containerd.nri.v1.nri";
     let nri_display = format!("plugins.\"{nri}\"");
     let nri_table = table_get(main, &["plugins", nri]);
-    let nri_on = match nri_table.and_then(|t| t.get("disable")).and_then(Item::as_bool) {
+    let nri_disable = nri_table.and_then(|t| t.get("disable")).and_then(Item::as_bool);
+    let nri_on = match nri_disable {
         Some(disable) => !disable,
         None => v == Version::V3,
     };
@@ -460,7 +465,8 @@ fn edit(
         .and_then(Item::as_str)
         .unwrap_or("/var/run/nri/nri.sock")
         .to_string();
-    if nri_on && nri_socket == shim_socket(req)? {
+    let may_serve = nri_on || (nri_disable.is_none() && req.containerd_nri == ContainerdNri::Disable);
+    if may_serve && nri_socket == shim_socket(req)? {
         match req.containerd_nri {
             ContainerdNri::Keep => {
                 return Err(ConfigureError::NriCollision {
@@ -915,6 +921,28 @@ mod tests {
         );
         unconfigure(&req).unwrap();
         assert_eq!(file(&req), V3);
+    }
+
+    #[test]
+    fn version_2_with_containerd_nri_disable_turns_it_off_for_containerd_2_reading_it() {
+        let (_d, mut req) = host(V2);
+        configure(&req).unwrap();
+        assert!(
+            !file(&req).contains("io.containerd.nri.v1.nri"),
+            "keep: a version 2 file is left as it is"
+        );
+        unconfigure(&req).unwrap();
+        assert_eq!(file(&req), V2);
+        req.containerd_nri = ContainerdNri::Disable;
+        configure(&req).unwrap();
+        let text = file(&req);
+        assert!(
+            text.contains("[plugins.\"io.containerd.nri.v1.nri\"]") && text.contains("disable = true"),
+            "{text}"
+        );
+        assert_eq!(configure(&req).unwrap(), "", "idempotent");
+        unconfigure(&req).unwrap();
+        assert_eq!(file(&req), V2);
     }
 
     #[test]

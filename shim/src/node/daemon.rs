@@ -235,67 +235,91 @@ async fn serve(
     crate::task::monitor::spawn_stray_reaper().context("SIGCHLD handler")?;
     crate::waits::start_watchdog().context("start the runtime watchdog")?;
     let sock = crate::layout::task_socket(&dir);
+    // The socket is served from the control thread (see
+    // crate::node::control): created there, so its readiness is polled
+    // there.
     let listener = match listener_fd {
         // The same socket (path and inode): containerd's next dial reaches it.
-        Some(fd) => {
-            let l = std::os::unix::net::UnixListener::from(fd);
-            l.set_nonblocking(true).context("inherited task socket")?;
-            tokio::net::UnixListener::from_std(l).context("inherited task socket")?
-        }
+        Some(fd) => std::os::unix::net::UnixListener::from(fd),
         None => {
             let _ = std::fs::remove_file(&sock);
-            tokio::net::UnixListener::bind(&sock).with_context(|| format!("listen on {}", sock.display()))?
+            std::os::unix::net::UnixListener::bind(&sock).with_context(|| format!("listen on {}", sock.display()))?
         }
     };
+    listener.set_nonblocking(true).context("task socket")?;
     let listener_raw = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let gate = crate::node::gate::Gate::new();
-    let mut first: Vec<std::io::Result<crate::node::gate::GatedStream>> = Vec::new();
-    for (fd, replay) in inherited {
-        let s = std::os::unix::net::UnixStream::from(fd);
-        if s.set_nonblocking(true).is_ok()
-            && let Ok(s) = tokio::net::UnixStream::from_std(s)
-        {
-            first.push(Ok(gate.wrap_with_replay(s, replay)));
-        }
-    }
+    let inherited: Vec<_> = inherited
+        .into_iter()
+        .filter_map(|(fd, replay)| {
+            let s = std::os::unix::net::UnixStream::from(fd);
+            s.set_nonblocking(true).ok().map(|()| (s, replay))
+        })
+        .collect();
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let task = Arc::new(TaskService::new(
         service.clone(),
         flags.namespace.clone(),
         shutdown.clone(),
+        Some(tokio::runtime::Handle::current()),
     ));
     let accepted = service.clone();
     let watch = Arc::new(std::sync::Mutex::new(ConfigWatch::new(crate::config::Config::path())));
     let accept_watch = watch.clone();
     let accept_gate = gate.clone();
-    // containerd's connections of the previous image first (an upgrade),
-    // then new ones; none accepted while an upgrade is under way.
-    let incoming = futures::StreamExt::chain(
-        futures::stream::iter(first),
-        futures::stream::unfold(listener, move |l| {
-            let (accepted, watch, gate) = (accepted.clone(), accept_watch.clone(), accept_gate.clone());
-            async move {
-                let conn = loop {
-                    gate.opened().await;
-                    tokio::select! {
-                        c = l.accept() => break c.map(|(s, _)| gate.wrap(s)),
-                        _ = gate.closed() => {}
-                    }
-                };
-                // `start` probes before printing the address: the client that
-                // follows must find the daemon still here.
-                accepted.touch();
-                if let Ok(mut w) = watch.lock() {
-                    w.check();
-                }
-                Some((conn, l))
+    let control = crate::node::control::ControlThread::start().context("start the control thread")?;
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+    let server_task = control.handle().spawn(async move {
+        let listener = match tokio::net::UnixListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = started_tx.send(Err(anyhow::Error::new(e).context("task socket")));
+                return;
             }
-        }),
-    );
-    let mut server = ttrpc::asynchronous::Server::new()
-        .add_listener(ttrpc::asynchronous::transport::Listener::new(incoming))
-        .register_service(crate::task::ttrpc::services(task));
-    server.start().await.context("start task server")?;
+        };
+        // containerd's connections of the previous image first (an
+        // upgrade), then new ones; none accepted while an upgrade is under
+        // way.
+        let first: Vec<std::io::Result<crate::node::gate::GatedStream>> = inherited
+            .into_iter()
+            .filter_map(|(s, replay)| tokio::net::UnixStream::from_std(s).ok().map(|s| (s, replay)))
+            .map(|(s, replay)| Ok(accept_gate.wrap_with_replay(s, replay)))
+            .collect();
+        let incoming = futures::StreamExt::chain(
+            futures::stream::iter(first),
+            futures::stream::unfold(listener, move |l| {
+                let (accepted, watch, gate) = (accepted.clone(), accept_watch.clone(), accept_gate.clone());
+                async move {
+                    let conn = loop {
+                        gate.opened().await;
+                        tokio::select! {
+                            c = l.accept() => break c.map(|(s, _)| gate.wrap(s)),
+                            _ = gate.closed() => {}
+                        }
+                    };
+                    // `start` probes before printing the address: the client
+                    // that follows must find the daemon still here.
+                    accepted.touch();
+                    if let Ok(mut w) = watch.lock() {
+                        w.check();
+                    }
+                    Some((conn, l))
+                }
+            }),
+        );
+        let mut server = ttrpc::asynchronous::Server::new()
+            .add_listener(ttrpc::asynchronous::transport::Listener::new(incoming))
+            .register_service(crate::task::ttrpc::services(task));
+        if let Err(e) = server.start().await {
+            let _ = started_tx.send(Err(anyhow::Error::new(e).context("start task server")));
+            return;
+        }
+        let _ = started_tx.send(Ok(()));
+        let _ = server_stopped.await;
+        let _ = server.shutdown().await;
+    });
+    started.await.context("the control thread ended")??;
     tracing::info!(socket = %sock.display(), pid = std::process::id(), "nri-shim daemon serving");
     let _ = std::fs::write(
         crate::node::upgrade::pid_file(&dir),
@@ -403,7 +427,9 @@ async fn serve(
         // path by now.)
         let _ = std::fs::remove_file(&sock);
     }
-    let _ = server.shutdown().await;
+    let _ = stop_server.send(());
+    let _ = server_task.await;
+    drop(control);
     if let Some(n) = nri {
         n.stop().await;
     }

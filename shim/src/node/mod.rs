@@ -7,6 +7,7 @@ pub mod args;
 pub mod bootstrap;
 pub mod claim;
 pub mod configure;
+pub mod control;
 pub mod daemon;
 pub mod delete;
 pub mod gate;

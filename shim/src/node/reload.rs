@@ -16,6 +16,7 @@
 //! | `nri.default_validator` | applied from the next request |
 //! | `nri.plugin_permissions` | applied from the next request, to every plugin (connected external ones too; nothing restarts): permissions are pure policy, read at each answer |
 //! | `nri.wasm` | applied: WebAssembly plugins are loaded again with the new sandbox (a fresh instance, configured and synchronized) |
+//! | `nri.plugin_view` | applied from the next request, to every plugin (nothing restarts) |
 //! | `shim.state_root` | needs restart: task sockets and libcontainer state of running containers live there |
 //! | `nri.disable` | needs restart: running containers went through (or past) NRI |
 //! | `nri.socket_path`, `nri.disable_connections` | needs restart: connected external plugins would lose their socket |
@@ -66,6 +67,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
                 failure_policy,
                 plugin_permissions,
                 wasm,
+                plugin_view,
             },
         cdi: CdiConfig { spec_dirs },
         metrics: MetricsConfig { address },
@@ -98,6 +100,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
     key!(nri.failure_policy, LIVE);
     key!(nri.plugin_permissions, LIVE);
     key!(nri.wasm, LIVE);
+    key!(nri.plugin_view, LIVE);
     // The CDI registry and the metrics listener are set up once, at start.
     key!(cdi.spec_dirs, RESTART);
     key!(metrics.address, RESTART);

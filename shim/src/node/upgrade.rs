@@ -285,15 +285,25 @@ pub fn write_result(daemon_dir: &Path, text: &str) {
     }
 }
 
-/// The `upgrade` action: asks the daemon of containerd `address` (every
-/// daemon under `state_root` when empty) to re-execute its binary, and
-/// waits for each result. Returns one line per daemon.
+/// The `upgrade` action: asks the daemon of containerd `address` (when
+/// empty: every daemon under `state_root` and every other nri-shim daemon
+/// running on the machine) to re-execute its binary, and waits for each
+/// result. Returns one line per daemon.
 ///
 /// # Errors
 /// When no daemon runs, or a daemon reports a failure or none in time.
 pub fn upgrade_action(state_root: &Path, address: &str) -> anyhow::Result<String> {
+    upgrade_found(state_root, address, crate::node::running::running_daemons())
+}
+
+/// [`upgrade_action`] with the daemons found running given (the tests'
+/// way to keep other daemons of the machine out).
+fn upgrade_found(
+    state_root: &Path,
+    address: &str,
+    running: Vec<crate::node::running::RunningDaemon>,
+) -> anyhow::Result<String> {
     use anyhow::bail;
-    let running = crate::node::running::running_daemons();
     let mut dirs: Vec<PathBuf> = if address.is_empty() {
         std::fs::read_dir(state_root)
             .into_iter()
@@ -571,7 +581,8 @@ mod tests {
         std::fs::create_dir_all(&stale).unwrap();
         // This test process: alive, but no daemon.
         std::fs::write(pid_file(&stale), format!("{}\n", std::process::id())).unwrap();
-        let e = upgrade_action(root.path(), "").unwrap_err();
+        // No daemon running elsewhere on the machine counts here.
+        let e = upgrade_found(root.path(), "", Vec::new()).unwrap_err();
         assert!(format!("{e:#}").contains("no nri-shim daemon found"), "{e:#}");
         let e = live_daemon(&stale).unwrap_err();
         assert!(format!("{e:#}").contains("is no running nri-shim daemon"), "{e:#}");

@@ -5,6 +5,11 @@
 //!
 //! A panic while serving one request becomes an error reply for that
 //! request; the daemon and every other task keep running.
+//!
+//! The service is served from the daemon's control thread (see
+//! [`crate::node::control`]): State, Pids, Stats, ResizePty, Wait,
+//! Connect and Shutdown are answered there; every other call runs on the
+//! daemon's main runtime and is awaited from there.
 
 use std::{collections::HashMap, panic::AssertUnwindSafe, sync::Arc};
 
@@ -26,22 +31,48 @@ pub struct TaskService {
     service: Service,
     default_ns: String,
     shutdown: Arc<tokio::sync::Notify>,
+    /// The daemon's main runtime, where calls that do the daemon's work
+    /// run; `None`: they run where the call is served.
+    main: Option<tokio::runtime::Handle>,
 }
 
 impl TaskService {
-    /// Serves `service`; requests without a namespace header belong to `default_ns`.
-    pub fn new(service: Service, default_ns: String, shutdown: Arc<tokio::sync::Notify>) -> TaskService {
+    /// Serves `service`; requests without a namespace header belong to
+    /// `default_ns`; calls that do work run on `main` when given.
+    pub fn new(
+        service: Service,
+        default_ns: String,
+        shutdown: Arc<tokio::sync::Notify>,
+        main: Option<tokio::runtime::Handle>,
+    ) -> TaskService {
         TaskService {
             service,
             default_ns,
             shutdown,
+            main,
         }
     }
 
-    /// Runs one request `what` for task `id`: counted as in flight (the
-    /// daemon does not exit on idle under it), panic-guarded, and logged
-    /// at warn with what it waited on when it took a second or more
-    /// ([`crate::waits::request`]; not Wait, which lasts until the exit).
+    /// Runs request `what` of task `id` as [`TaskService::guarded`] does,
+    /// on the main runtime (NRI, libcontainer and exits live there); the
+    /// control thread only waits for its answer.
+    async fn on_main<T, F>(&self, what: &'static str, id: String, fut: F) -> ttrpc::Result<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, ShimError>> + Send + 'static,
+    {
+        let _busy = self.service.begin_request();
+        self.run_main(what, async move {
+            crate::waits::request(what, &id, guarded(what, fut)).await
+        })
+        .await
+    }
+
+    /// Runs one request `what` for task `id` where it is served (the
+    /// control thread): counted as in flight (the daemon does not exit on
+    /// idle under it), panic-guarded, and logged at warn with what it
+    /// waited on when it took a second or more ([`crate::waits::request`];
+    /// not Wait, which lasts until the exit).
     async fn guarded<T>(
         &self,
         what: &'static str,
@@ -53,6 +84,23 @@ impl TaskService {
             guarded(what, fut).await
         } else {
             crate::waits::request(what, id, guarded(what, fut)).await
+        }
+    }
+
+    /// Runs `work` (call `what`) on the main runtime and waits for it.
+    async fn run_main<T, F>(&self, what: &'static str, work: F) -> ttrpc::Result<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = ttrpc::Result<T>> + Send + 'static,
+    {
+        match &self.main {
+            None => work.await,
+            Some(main) => main.spawn(work).await.unwrap_or_else(|e| {
+                Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                    ttrpc::Code::INTERNAL,
+                    format!("{what} ended: {e}"),
+                )))
+            }),
         }
     }
 
@@ -106,7 +154,8 @@ impl Task for TaskService {
         req: task_api::CreateTaskRequest,
     ) -> ttrpc::Result<task_api::CreateTaskResponse> {
         if req.checkpoint.is_empty() && req.parent_checkpoint.is_empty() {
-            self.guarded("Create", &req.id.clone(), self.service.create(&self.ns(ctx), req))
+            let (svc, ns) = (self.service.clone(), self.ns(ctx));
+            self.on_main("Create", req.id.clone(), async move { svc.create(&ns, req).await })
                 .await
         } else {
             Err(ShimError::Unimplemented("restoring from a checkpoint is not supported by nri-shim".into()).into())
@@ -114,11 +163,10 @@ impl Task for TaskService {
     }
 
     async fn start(&self, ctx: &TtrpcContext, req: task_api::StartRequest) -> ttrpc::Result<task_api::StartResponse> {
-        self.guarded(
-            "Start",
-            &req.id,
-            self.service.start(&self.ns(ctx), &req.id, &req.exec_id),
-        )
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.on_main("Start", req.id.clone(), async move {
+            svc.start(&ns, &req.id, &req.exec_id).await
+        })
         .await
     }
 
@@ -127,20 +175,18 @@ impl Task for TaskService {
         ctx: &TtrpcContext,
         req: task_api::DeleteRequest,
     ) -> ttrpc::Result<task_api::DeleteResponse> {
-        self.guarded(
-            "Delete",
-            &req.id,
-            self.service.delete(&self.ns(ctx), &req.id, &req.exec_id),
-        )
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.on_main("Delete", req.id.clone(), async move {
+            svc.delete(&ns, &req.id, &req.exec_id).await
+        })
         .await
     }
 
     async fn kill(&self, ctx: &TtrpcContext, req: task_api::KillRequest) -> ttrpc::Result<Empty> {
-        guarded(
-            "Kill",
-            self.service
-                .kill(&self.ns(ctx), &req.id, &req.exec_id, req.signal, req.all),
-        )
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.run_main("Kill", async move {
+            guarded("Kill", svc.kill(&ns, &req.id, &req.exec_id, req.signal, req.all)).await
+        })
         .await?;
         Ok(Empty::new())
     }
@@ -177,14 +223,24 @@ impl Task for TaskService {
     }
 
     async fn pause(&self, ctx: &TtrpcContext, req: task_api::PauseRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Pause", &req.id, self.service.pause(&self.ns(ctx), &req.id, true))
-            .await?;
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.on_main(
+            "Pause",
+            req.id.clone(),
+            async move { svc.pause(&ns, &req.id, true).await },
+        )
+        .await?;
         Ok(Empty::new())
     }
 
     async fn resume(&self, ctx: &TtrpcContext, req: task_api::ResumeRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Resume", &req.id, self.service.pause(&self.ns(ctx), &req.id, false))
-            .await?;
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.on_main(
+            "Resume",
+            req.id.clone(),
+            async move { svc.pause(&ns, &req.id, false).await },
+        )
+        .await?;
         Ok(Empty::new())
     }
 
@@ -196,7 +252,8 @@ impl Task for TaskService {
     }
 
     async fn exec(&self, ctx: &TtrpcContext, req: task_api::ExecProcessRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Exec", &req.id.clone(), self.service.exec(&self.ns(ctx), req))
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.on_main("Exec", req.id.clone(), async move { svc.exec(&ns, req).await })
             .await?;
         Ok(Empty::new())
     }
@@ -212,17 +269,17 @@ impl Task for TaskService {
     }
 
     async fn close_io(&self, ctx: &TtrpcContext, req: task_api::CloseIORequest) -> ttrpc::Result<Empty> {
-        self.guarded(
-            "CloseIO",
-            &req.id,
-            self.service.close_io(&self.ns(ctx), &req.id, &req.exec_id),
-        )
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.on_main("CloseIO", req.id.clone(), async move {
+            svc.close_io(&ns, &req.id, &req.exec_id).await
+        })
         .await?;
         Ok(Empty::new())
     }
 
     async fn update(&self, ctx: &TtrpcContext, req: task_api::UpdateTaskRequest) -> ttrpc::Result<Empty> {
-        self.guarded("Update", &req.id.clone(), self.service.update(&self.ns(ctx), req))
+        let (svc, ns) = (self.service.clone(), self.ns(ctx));
+        self.on_main("Update", req.id.clone(), async move { svc.update(&ns, req).await })
             .await?;
         Ok(Empty::new())
     }
