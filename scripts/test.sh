@@ -20,6 +20,11 @@ nri_need_packages pkg-config libseccomp-dev containerd busybox-static
 # protobuf-compiler: the k8s-cri crate's build runs `protoc`.
 # iptables: the CNI portmap plugin's hostPort rules.
 nri_need_packages runc containernetworking-plugins iproute2 protobuf-compiler iptables
+# The WebAssembly plugins of the tests (plugins/wasm/build.rs): Debian's
+# Rust 1.63 compiler (/usr/bin/rustc; rustup's stays first on PATH) with
+# the wasm32-wasi standard library, and the linker it calls. Without
+# recommends: Debian's cargo, clang and llvm are not needed.
+nri_need_packages --no-install-recommends rustc libstd-rust-dev-wasm32 lld-14
 # The CRI lane also runs on containerd 1.7 and 2.1, unpacked privately under
 # /var/cache/nri-shim (curl fetches them).
 nri_need_packages curl

@@ -193,6 +193,23 @@ impl AdaptationBuilder {
         self
     }
 
+    /// The sandbox of WebAssembly plugins: memory limit and grants (see
+    /// [`crate::wasm`]; default: 64 MiB, nothing granted).
+    ///
+    /// ```
+    /// use nri_adaptation::{Adaptation, wasm::{WasmGrants, WasmOptions}};
+    /// let mut wasm = WasmOptions { memory_limit: 32 << 20, ..Default::default() };
+    /// let mut grants = WasmGrants::default();
+    /// grants.env.insert("NODE_NAME".into(), "node-1".into());
+    /// wasm.plugins.insert("10-adjuster".into(), grants);
+    /// let b = Adaptation::builder("my-runtime", "1.0").with_wasm_options(wasm);
+    /// # let _ = b;
+    /// ```
+    pub fn with_wasm_options(mut self, wasm: crate::wasm::WasmOptions) -> Self {
+        self.opts.wasm = wasm;
+        self
+    }
+
     /// The view one plugin, by `NAME` or `IDX-NAME`, has of CreateContainer
     /// and UpdateContainer (see [`PluginView`](crate::PluginView)).
     pub fn with_plugin_view(mut self, plugin: impl Into<String>, view: crate::PluginView) -> Self {

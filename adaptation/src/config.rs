@@ -79,6 +79,9 @@ pub struct Options {
     /// latter wins); see [`crate::permissions`]. Read at every request, so
     /// a change applies to connected plugins at once.
     pub plugin_permissions: HashMap<String, Permissions>,
+    /// The sandbox of WebAssembly plugins: memory limit and grants (see
+    /// [`crate::wasm`]; used with the `wasm` feature).
+    pub wasm: crate::wasm::WasmOptions,
     /// View of plugins not listed in `plugin_views`.
     pub default_view: PluginView,
     /// Per-plugin view, keyed by `NAME` or `IDX-NAME` (the latter wins).
@@ -100,6 +103,7 @@ impl Default for Options {
             default_validator: DefaultValidatorConfig::default(),
             default_permissions: None,
             plugin_permissions: HashMap::new(),
+            wasm: crate::wasm::WasmOptions::default(),
             default_view: PluginView::Adjusted,
             plugin_views: HashMap::new(),
         }

@@ -29,6 +29,10 @@ pub enum PluginError {
     /// The plugin's answer breaks the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A WebAssembly plugin trapped, exited, ran out of memory or answered
+    /// garbage (see [`crate::wasm`]); fatal: the plugin is dropped.
+    #[error("WebAssembly plugin {0}")]
+    Wasm(#[from] crate::wasm::WasmCallError),
 }
 
 impl PluginError {
@@ -121,6 +125,7 @@ impl ValidationError {
 /// | `Plugin { source: PluginError::Timeout(_), .. }` | the plugin did not answer within the request timeout |
 /// | `Plugin { source: PluginError::Returned { code, .. }, .. }` | the plugin answered with an error of its own |
 /// | `Plugin { source: PluginError::Closed \| Transport(_) \| Protocol(_), .. }` | the connection to the plugin broke; the plugin is dropped ([`PluginError::is_fatal`]) |
+/// | `Plugin { source: PluginError::Wasm(_), .. }` | a WebAssembly plugin trapped, exited, ran out of memory or answered garbage; the plugin is dropped |
 /// | `Validation(ValidationError::Rejected { .. })` | a validator refused the merged adjustment: do not retry the container unchanged |
 /// | `Validation(ValidationError::Failed { source, .. })` | a validator gave no verdict (`source` says why: timeout, transport, ...) |
 /// | `Merge(_)` | plugins' adjustments conflict, or one updated the container being created |

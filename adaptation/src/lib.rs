@@ -74,6 +74,7 @@
 //! | [`Error`], [`PluginError`], [`ValidationError`], [`MergeError`], [`PermissionError`] | why a request failed, typed where a runtime branches |
 //! | [`DefaultValidator`] | the built-in validator |
 //! | [`Observer`] | per plugin request latency and outcome, refused answers (for metrics) |
+//! | [`wasm`] | WebAssembly plugins in the plugin directory (feature `wasm`): calling convention, sandbox, [`wasm::WasmOptions`] |
 //!
 //! Pre-installed plugins are launched from the plugin directory
 //! ([`Options::plugin_path`]); plugin responses are merged with ownership
@@ -249,6 +250,7 @@ pub mod resources;
 mod result;
 pub mod spec;
 mod validate;
+pub mod wasm;
 
 pub use adaptation::Adaptation;
 pub use builder::AdaptationBuilder;

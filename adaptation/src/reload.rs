@@ -71,6 +71,8 @@ impl Adaptation {
         let relaunch_all = opts.registration_timeout != old.registration_timeout
             || opts.request_timeout != old.request_timeout
             || opts.plugin_config_path != old.plugin_config_path;
+        // WebAssembly plugins run with the sandbox they were loaded with.
+        let reload_wasm = opts.wasm != old.wasm;
         self.inner.set_opts(opts.clone());
         if !self.inner.is_running() {
             return Ok(out);
@@ -83,7 +85,8 @@ impl Adaptation {
             let listed = found
                 .iter()
                 .any(|d| &d.path == path && d.idx == p.idx && d.base == p.base);
-            if listed && !relaunch_all && p.policy == opts.failure_policy(&p.idx, &p.base) {
+            let wasm = found.iter().any(|d| &d.path == path && d.wasm);
+            if listed && !relaunch_all && !(wasm && reload_wasm) && p.policy == opts.failure_policy(&p.idx, &p.base) {
                 continue;
             }
             tracing::info!(plugin = %p.name(), reason = if listed { "settings changed" } else { "file gone" }, "stopping pre-installed NRI plugin");

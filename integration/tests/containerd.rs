@@ -1090,3 +1090,80 @@ fn idmap_mount_is_refused_as_with_runc() {
         );
     }
 }
+
+/// A WebAssembly plugin (the adjuster of `plugins/wasm`, a Rust guest
+/// built for wasm32-wasi) next to a plugin process: the container gets
+/// both adjustments, the plugin's log line reaches the shim's log.
+#[test]
+fn w_wasm_plugin_next_to_a_process_adjusts_the_container() {
+    let process = Behaviour {
+        events: Some("CreateContainer".into()),
+        adjust: Some(serde_json::json!({"env": [{"key": "FROM_PROCESS", "value": "yes"}]})),
+        ..Default::default()
+    };
+    let c = Containerd::start(Setup {
+        plugins: vec![
+            (
+                "10-wasm",
+                nri_wasm_plugins::ADJUSTER.into(),
+                "env FROM_WASM=yes\nmemory-limit 134217728\nlog\n".to_string(),
+            ),
+            ("20-process", test_plugin(), serde_json::to_string(&process).unwrap()),
+        ],
+        ..Default::default()
+    });
+    let id = "ctrd-w1";
+    let out = c.run(
+        id,
+        &[
+            "--rm",
+            "--mount",
+            "type=bind,src=/sys/fs/cgroup,dst=/sys/fs/cgroup,options=rbind:ro",
+        ],
+        &[
+            "/bin/sh",
+            "-c",
+            &format!(
+                "echo FROM_WASM=$FROM_WASM FROM_PROCESS=$FROM_PROCESS; cat {}",
+                cgroup::memory_limit_file(&format!("/default/{id}")).display()
+            ),
+        ],
+    );
+    let seen = text(&out);
+    assert!(out.status.success(), "{seen}\n{}", c.shim_log());
+    assert!(seen.contains("FROM_WASM=yes FROM_PROCESS=yes"), "{seen}");
+    assert!(seen.contains(&(128u64 << 20).to_string()), "memory limit: {seen}");
+    let log = c.shim_log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("10-wasm") && l.contains("WASM adjuster: CreateContainer")),
+        "{log}"
+    );
+}
+
+/// A WebAssembly plugin and a plugin process setting the same variable:
+/// the run fails naming both, as between two processes, and leaves nothing.
+#[test]
+fn w_wasm_plugin_in_conflict_with_a_process_fails_the_run() {
+    let process = Behaviour {
+        events: Some("CreateContainer".into()),
+        adjust: Some(serde_json::json!({"env": [{"key": "X", "value": "b"}]})),
+        ..Default::default()
+    };
+    let c = Containerd::start(Setup {
+        plugins: vec![
+            ("10-wasm", nri_wasm_plugins::ADJUSTER.into(), "env X=a\n".to_string()),
+            ("20-process", test_plugin(), serde_json::to_string(&process).unwrap()),
+        ],
+        ..Default::default()
+    });
+    let out = c.run("ctrd-w2", &["--rm"], &["/bin/true"]);
+    let msg = text(&out);
+    assert!(!out.status.success(), "{msg}");
+    assert!(
+        msg.contains(r#"plugins "20-process" and "10-wasm" both tried to set Env X"#),
+        "{msg}"
+    );
+    assert!(!text(&c.ctr(&["t", "ls"])).contains("ctrd-w2"));
+    assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+}

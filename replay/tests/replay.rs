@@ -398,3 +398,65 @@ fn log_lines_off_a_terminal_have_no_colour_codes() {
     );
     assert!(!err.contains('\x1b'), "colour codes in: {err:?}");
 }
+
+/// A WebAssembly plugin in `--plugin-path` (the adjuster of
+/// `plugins/wasm`, configured by `testdata/plugins/wasm-adjuster.conf`)
+/// replays `testdata/scenarios/wasm.json`: it adjusts the container its
+/// configuration names, every step succeeds, the changes name it.
+#[test]
+fn a_wasm_plugin_adjusts_the_scenario() {
+    let (dir, plugins, conf) = plugin_dirs();
+    nri_wasm_plugins::install(nri_wasm_plugins::ADJUSTER, &plugins, "10-wasm").unwrap();
+    std::fs::copy(testdata("plugins/wasm-adjuster.conf"), conf.join("wasm.conf")).unwrap();
+    let out = Command::new(REPLAY)
+        .arg("--socket-path")
+        .arg(dir.path().join("nri.sock"))
+        .arg("--plugin-path")
+        .arg(&plugins)
+        .arg("--plugin-config-path")
+        .arg(&conf)
+        .args(["--wait-plugins", "1"])
+        .arg(testdata("scenarios/wasm.json"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.contains("10-wasm"), "{stderr}");
+    let l = lines(&out);
+    assert!(l.iter().all(|x| x["ok"] == true), "{l:#?}");
+    let create = l
+        .iter()
+        .find(|x| x["action"] == "create_container" && x["target"] == "c1")
+        .unwrap();
+    let spec = &create["spec"];
+    assert!(
+        spec["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "FROM_WASM=yes"),
+        "{spec}"
+    );
+    assert_eq!(spec["annotations"]["wasm.nri.io/adjusted"], "true");
+    assert_eq!(spec["linux"]["resources"]["memory"]["limit"], 134217728);
+    assert!(
+        spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"] == "/opt/wasm")
+    );
+    let changes = create["changes"].as_array().unwrap();
+    assert!(
+        changes
+            .iter()
+            .any(|c| c["field"] == "MemLimit" && c["plugin"] == "10-wasm"),
+        "{changes:?}"
+    );
+    // `container app`: the sidecar is left alone.
+    let c2 = l
+        .iter()
+        .find(|x| x["action"] == "create_container" && x["target"] == "c2")
+        .unwrap();
+    assert!(c2["adjust"]["env"].as_array().is_none_or(|e| e.is_empty()), "{c2}");
+}

@@ -1,8 +1,14 @@
 # Shared by the scripts: Debian packages, a private containerd with the
 # shim on its PATH, and a busybox rootfs. Source it; needs root.
 
+# nri_need_packages [--no-install-recommends] PACKAGE...: installs the
+# packages that are not installed yet (apt-get, as root).
 nri_need_packages() {
-    local missing=()
+    local missing=() opts=()
+    if [ "${1:-}" = --no-install-recommends ]; then
+        opts+=("$1")
+        shift
+    fi
     for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
@@ -12,7 +18,7 @@ nri_need_packages() {
             return 1
         fi
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${opts[@]}" "${missing[@]}" >/dev/null
     fi
 }
 

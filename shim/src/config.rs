@@ -24,6 +24,13 @@
 //! [nri.plugin_permissions."10-cpu-pinning"]   # IDX-NAME, NAME or default
 //! allow = ["cpu", "memory"]     # field groups (nri_adaptation::FieldGroup); none: unrestricted
 //!
+//! [nri.wasm]                    # WebAssembly plugins (nri_adaptation::wasm)
+//! memory_limit = "64MiB"        # largest linear memory of each
+//!
+//! [nri.wasm.plugins."10-adjuster"]   # IDX-NAME or NAME: grants of one plugin
+//! memory_limit = "128MiB"
+//! env = { NODE_NAME = "node-1" }     # what it sees through WASI; none by default
+//!
 //! [nri.plugin_view]           # per plugin (NAME or IDX-NAME): "adjusted" or "original"
 //! default = "adjusted"
 //! "10-cpu-pinning" = "original"
@@ -42,12 +49,15 @@
 //! ```
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use nri_adaptation::{DefaultValidatorConfig, FailurePolicy, Options, Permissions, PluginView};
+use nri_adaptation::{
+    DefaultValidatorConfig, FailurePolicy, Options, Permissions, PluginView,
+    wasm::{WasmGrants, WasmOptions},
+};
 use serde::{Deserialize, Deserializer};
 
 /// Default location of the configuration file.
@@ -178,10 +188,90 @@ pub struct NriConfig {
     /// others. No entry for a plugin and no `default`: unrestricted.
     #[serde(deserialize_with = "plugin_permissions")]
     pub plugin_permissions: HashMap<String, Permissions>,
+    /// The sandbox of WebAssembly plugins (`[nri.wasm]`).
+    pub wasm: WasmConfig,
     /// What each plugin's CreateContainer and UpdateContainer hold, and so
     /// whether it is called side by side (`original`) or after the plugins
     /// before it (`adjusted`, upstream NRI); key `default` for all others.
     pub plugin_view: HashMap<String, PluginView>,
+}
+
+/// The `[nri.wasm]` table: the sandbox of WebAssembly plugins (see
+/// `nri_adaptation::wasm`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmConfig {
+    /// Largest linear memory of a plugin in bytes, written as a byte size
+    /// (`"64MiB"`, the default); from 64 KiB (one page) to 4 GiB.
+    #[serde(deserialize_with = "wasm_memory")]
+    pub memory_limit: u64,
+    /// Grants of single plugins, keyed by `IDX-NAME` or `NAME`.
+    pub plugins: HashMap<String, WasmPluginConfig>,
+}
+
+impl Default for WasmConfig {
+    fn default() -> Self {
+        WasmConfig {
+            memory_limit: nri_adaptation::wasm::DEFAULT_MEMORY_LIMIT,
+            plugins: HashMap::new(),
+        }
+    }
+}
+
+/// `[nri.wasm.plugins.KEY]`: what one WebAssembly plugin is granted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmPluginConfig {
+    /// Its memory limit instead of `[nri.wasm] memory_limit`.
+    #[serde(deserialize_with = "optional_wasm_memory")]
+    pub memory_limit: Option<u64>,
+    /// Environment variables it sees (name to value); none by default.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A WebAssembly memory limit: a byte size from one 64 KiB page to the
+/// 4 GiB a 32-bit memory can address.
+fn wasm_memory<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let n = byte_size(d)?;
+    if !(64 << 10..=4 << 30).contains(&n) {
+        return Err(serde::de::Error::custom(format!(
+            "memory_limit of {n} bytes: must be from 64KiB (one WebAssembly page) to 4GiB"
+        )));
+    }
+    Ok(n)
+}
+
+fn optional_wasm_memory<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    wasm_memory(d).map(Some)
+}
+
+impl WasmConfig {
+    /// The adaptation's sandbox options; an environment variable name that
+    /// is empty or holds `=` or NUL, or a value with NUL, is an error
+    /// naming the plugin.
+    pub fn options(&self) -> Result<WasmOptions, String> {
+        let mut plugins = HashMap::new();
+        for (key, p) in &self.plugins {
+            for (name, value) in &p.env {
+                if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                    return Err(format!(
+                        "nri.wasm.plugins.{key:?}.env: {name:?} is not a valid environment variable"
+                    ));
+                }
+            }
+            plugins.insert(
+                key.clone(),
+                WasmGrants {
+                    env: p.env.clone(),
+                    memory_limit: p.memory_limit,
+                },
+            );
+        }
+        Ok(WasmOptions {
+            memory_limit: self.memory_limit,
+            plugins,
+        })
+    }
 }
 
 /// The `[nri.plugin_permissions.*]` tables: `allow` lists field group
@@ -217,6 +307,7 @@ impl Default for NriConfig {
             default_validator: DefaultValidatorConfig::default(),
             failure_policy: HashMap::new(),
             plugin_permissions: HashMap::new(),
+            wasm: WasmConfig::default(),
             plugin_view: HashMap::new(),
         }
     }
@@ -243,6 +334,8 @@ impl NriConfig {
             default_validator: self.default_validator.clone(),
             default_permissions,
             plugin_permissions: permissions,
+            // Checked when the file is parsed (Config::parse).
+            wasm: self.wasm.options().unwrap_or_default(),
             default_view,
             plugin_views: views,
         }
@@ -389,6 +482,12 @@ impl Config {
                     message: format!("{key} = {:?}: must be an absolute path", value.display().to_string()),
                 });
             }
+        }
+        if let Err(message) = config.nri.wasm.options() {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            });
         }
         if let Some(dir) = config.cdi.spec_dirs.iter().find(|d| !d.is_absolute()) {
             return Err(ConfigError::Invalid {
@@ -538,6 +637,44 @@ mod tests {
         assert_eq!(o.failure_policy("20", "x"), FailurePolicy::Fail);
         assert_eq!(o.failure_policy("10", "b"), FailurePolicy::Ignore);
         assert_eq!(c.shim.idle_timeout, Duration::from_secs(120));
+    }
+
+    /// `[nri.wasm]`: the memory limit with its default, per-plugin grants,
+    /// and the errors of bad sizes and variable names.
+    #[test]
+    fn wasm_sandbox_settings() {
+        let o = Config::parse("", Path::new("c.toml")).unwrap().nri.options();
+        assert_eq!(o.wasm.memory_limit, 64 << 20);
+        assert!(o.wasm.plugins.is_empty());
+        let text = r#"
+            [nri.wasm]
+            memory_limit = "16MiB"
+            [nri.wasm.plugins."10-adjuster"]
+            memory_limit = "128MiB"
+            env = { NODE_NAME = "node-1" }
+            [nri.wasm.plugins.logger]
+        "#;
+        let o = Config::parse(text, Path::new("c.toml")).unwrap().nri.options();
+        assert_eq!(o.wasm.memory_limit, 16 << 20);
+        assert_eq!(o.wasm.memory_limit("10", "adjuster"), 128 << 20);
+        assert_eq!(o.wasm.memory_limit("20", "logger"), 16 << 20);
+        let g = o.wasm.grants("10", "adjuster").unwrap();
+        assert_eq!(g.env.get("NODE_NAME").map(String::as_str), Some("node-1"));
+        for (bad, says) in [
+            (
+                "[nri.wasm]\nmemory_limit = \"8GiB\"\n",
+                "must be from 64KiB (one WebAssembly page) to 4GiB",
+            ),
+            ("[nri.wasm]\nmemory_limit = \"1KiB\"\n", "must be from 64KiB"),
+            (
+                "[nri.wasm.plugins.a]\nenv = { \"A=B\" = \"x\" }\n",
+                r#"nri.wasm.plugins."a".env: "A=B" is not a valid environment variable"#,
+            ),
+            ("[nri.wasm.plugins.a]\nfiles = [\"/etc\"]\n", "unknown field `files`"),
+        ] {
+            let e = Config::parse(bad, Path::new("c.toml")).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

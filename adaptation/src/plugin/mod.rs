@@ -6,6 +6,8 @@
 mod gate;
 mod handshake;
 mod link;
+#[cfg(feature = "wasm")]
+mod wasm;
 
 use std::{
     sync::{
@@ -24,6 +26,8 @@ use nri_proto::{
 pub use handshake::HandshakeError;
 pub(crate) use handshake::{HandshakeParams, Host, LaunchedIdentity};
 use link::Link;
+#[cfg(feature = "wasm")]
+pub(crate) use wasm::WasmPlugin;
 
 use crate::{
     config::FailurePolicy,

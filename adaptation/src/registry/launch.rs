@@ -24,6 +24,9 @@ pub struct Discovered {
     pub base: String,
     /// Full path of the executable.
     pub path: PathBuf,
+    /// A WebAssembly module (starts with `\0asm` 1), loaded in process
+    /// instead of executed (see [`crate::wasm`]).
+    pub wasm: bool,
 }
 
 /// Lists the plugins to launch from `dir`, in lexical file-name order.
@@ -33,8 +36,10 @@ pub struct Discovered {
 /// silently, which hides a plugin installed without `chmod +x`). A file
 /// whose name is not `IDX-NAME` (two-digit
 /// index) is skipped with a warning: upstream NRI fails the whole start
-/// instead, which takes every plugin down for one stray file. WebAssembly
-/// plugins are not supported and are skipped with a warning.
+/// instead, which takes every plugin down for one stray file. A file that
+/// starts with the WebAssembly magic is a WebAssembly plugin (upstream's
+/// test, after the same naming and execute-bit rules), skipped with a
+/// warning when the crate is built without its `wasm` feature.
 ///
 /// # Errors
 /// [`Error::PluginDir`] when the directory exists but cannot be read.
@@ -78,25 +83,17 @@ pub fn discover(dir: &Path) -> Result<Vec<Discovered>, Error> {
     for (name, path) in names {
         match naming::parse_plugin_file_name(&name) {
             Ok((idx, base)) => {
-                if is_wasm(&path) {
-                    tracing::warn!(plugin = %name, "skipping WebAssembly NRI plugin: not supported by this runtime");
+                let wasm = crate::wasm::is_wasm(&path);
+                if wasm && !cfg!(feature = "wasm") {
+                    tracing::warn!(plugin = %name, "skipping WebAssembly NRI plugin: this runtime was built without WebAssembly support");
                     continue;
                 }
-                out.push(Discovered { idx, base, path });
+                out.push(Discovered { idx, base, path, wasm });
             }
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping NRI plugin"),
         }
     }
     Ok(out)
-}
-
-fn is_wasm(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 8];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
-        && magic == [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]
 }
 
 /// The drop-in configuration of plugin `idx-base`: `<dir>/IDX-NAME.conf`,
@@ -346,6 +343,7 @@ mod tests {
             idx: "10".into(),
             base: "sleeper".into(),
             path,
+            wasm: false,
         };
         let (_stream, mut child) = spawn(&found).unwrap();
         let pid = child.id().unwrap() as i32;
@@ -361,13 +359,28 @@ mod tests {
         assert!(discover(Path::new("/nonexistent/nri/plugins")).unwrap().is_empty());
     }
 
+    /// A WebAssembly module is found like an executable (name, execute
+    /// bit) and marked; without the `wasm` feature it is skipped.
     #[test]
-    fn wasm_plugins_are_skipped() {
+    fn wasm_plugins_are_found_by_their_magic() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("10-wasm");
         std::fs::write(&p, [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 1, 2]).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(discover(d.path()).unwrap().is_empty());
+        // Version 2 of the binary format is not a module this runtime loads.
+        touch(d.path(), "20-script", 0o755);
+        let q = d.path().join("30-other");
+        std::fs::write(&q, [0x00, 0x61, 0x73, 0x6d, 0x02, 0x00, 0x00, 0x00]).unwrap();
+        std::fs::set_permissions(&q, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let found = discover(d.path()).unwrap();
+        let wasm: Vec<_> = found.iter().filter(|f| f.wasm).map(|f| f.base.as_str()).collect();
+        if cfg!(feature = "wasm") {
+            assert_eq!(wasm, ["wasm"]);
+            assert_eq!(found.len(), 3);
+        } else {
+            assert!(wasm.is_empty());
+            assert_eq!(found.len(), 2);
+        }
     }
 
     #[test]

@@ -252,6 +252,10 @@ pub(crate) async fn launch_plugins(inner: &Arc<Inner>, found: Vec<launch::Discov
                     return None;
                 }
             };
+            #[cfg(feature = "wasm")]
+            if d.wasm {
+                return load_wasm(&inner, d, config, &params, host).await;
+            }
             let (stream, child) = match launch::spawn(&d) {
                 Ok(s) => s,
                 Err(e) => {
@@ -276,6 +280,40 @@ pub(crate) async fn launch_plugins(inner: &Arc<Inner>, found: Vec<launch::Discov
         }
     });
     join_all(tasks).await.into_iter().flatten().collect()
+}
+
+/// Loads and configures the WebAssembly plugin `d` with the sandbox of the
+/// options in effect; `None` (logged) when it fails.
+#[cfg(feature = "wasm")]
+async fn load_wasm(
+    inner: &Arc<Inner>,
+    d: launch::Discovered,
+    config: String,
+    params: &HandshakeParams,
+    host: Arc<dyn Host>,
+) -> Option<Arc<Plugin>> {
+    let opts = inner.opts();
+    let env = opts
+        .wasm
+        .grants(&d.idx, &d.base)
+        .map(|g| g.env.iter().map(|(k, v)| format!("{k}={v}")).collect())
+        .unwrap_or_default();
+    let w = crate::plugin::WasmPlugin {
+        memory_limit: opts.wasm.memory_limit(&d.idx, &d.base),
+        env,
+        config,
+        path: d.path.clone(),
+        idx: d.idx.clone(),
+        base: d.base.clone(),
+    };
+    let policy = opts.failure_policy(&d.idx, &d.base);
+    match Plugin::wasm(w, params, host, policy).await {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(path = %d.path.display(), error = %e, "WebAssembly NRI plugin failed to start");
+            None
+        }
+    }
 }
 
 /// Registers, configures and synchronizes a plugin that dialled the socket.

@@ -15,6 +15,7 @@
 //! | `nri.plugin_registration_timeout`, `nri.plugin_request_timeout`, `nri.failure_policy` | applied: pre-installed plugins are restarted with them; connected external plugins keep theirs until they reconnect |
 //! | `nri.default_validator` | applied from the next request |
 //! | `nri.plugin_permissions` | applied from the next request, to every plugin (connected external ones too; nothing restarts): permissions are pure policy, read at each answer |
+//! | `nri.wasm` | applied: WebAssembly plugins are loaded again with the new sandbox (a fresh instance, configured and synchronized) |
 //! | `nri.plugin_view` | applied from the next request, to every plugin (nothing restarts) |
 //! | `shim.state_root` | needs restart: task sockets and libcontainer state of running containers live there |
 //! | `nri.disable` | needs restart: running containers went through (or past) NRI |
@@ -65,6 +66,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
                 default_validator,
                 failure_policy,
                 plugin_permissions,
+                wasm,
                 plugin_view,
             },
         cdi: CdiConfig { spec_dirs },
@@ -97,6 +99,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
     key!(nri.default_validator, LIVE);
     key!(nri.failure_policy, LIVE);
     key!(nri.plugin_permissions, LIVE);
+    key!(nri.wasm, LIVE);
     key!(nri.plugin_view, LIVE);
     // The CDI registry and the metrics listener are set up once, at start.
     key!(cdi.spec_dirs, RESTART);
