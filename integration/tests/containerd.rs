@@ -410,7 +410,16 @@ fn r26_delete_after_shim_death_reports_the_recorded_exit_status() {
     // publishes the task's exit with what it read from the bundle: 3, not
     // 137. Wait for that exit event.
     events.wait_for(Duration::from_secs(20), |l| l.contains("/tasks/exit") && l.contains(id));
+    // The exit the daemon published before it died can reach the event
+    // stream after the mark (its publisher is a process of its own), ahead
+    // of containerd's cleanup: wait for the cleanup too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !c.log().contains("cleaning up dead shim") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(c.log().contains("cleaning up dead shim"), "{}", c.log());
+    // containerd publishes the exit it read once the delete action ran.
+    std::thread::sleep(Duration::from_secs(1));
     let exits = events.of("/tasks/exit", id);
     assert!(exits.iter().all(|l| l.contains("\"exit_status\":3")), "{exits:#?}");
     assert!(!exits.iter().any(|l| l.contains("\"exit_status\":137")), "{exits:#?}");
