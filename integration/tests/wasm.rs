@@ -202,7 +202,10 @@ struct Seen {
 
 impl Observer for Seen {
     fn request(&self, plugin: &str, request: &'static str, _elapsed: Duration, outcome: Outcome) {
-        self.requests.lock().unwrap().push((plugin.to_string(), request, outcome));
+        self.requests
+            .lock()
+            .unwrap()
+            .push((plugin.to_string(), request, outcome));
     }
 
     fn rejected(&self, plugin: &str, rejection: Rejection) {
@@ -216,10 +219,14 @@ impl Observer for Seen {
 async fn requests_and_refusals_are_observed() {
     let seen = Arc::new(Seen::default());
     let observer = seen.clone();
-    let w = runtime(&[(guests::ADJUSTER, "10-adjuster", ADJUSTER_CONF)], Duration::from_secs(2), |b| {
-        b.with_observer(observer)
-            .with_plugin_permissions("adjuster", Permissions::allowing([FieldGroup::Env]))
-    })
+    let w = runtime(
+        &[(guests::ADJUSTER, "10-adjuster", ADJUSTER_CONF)],
+        Duration::from_secs(2),
+        |b| {
+            b.with_observer(observer)
+                .with_plugin_permissions("adjuster", Permissions::allowing([FieldGroup::Env]))
+        },
+    )
     .await;
     // Ignored (policy ignore): the answer is left out, the refusal observed.
     let rsp = w.rt.nri.create_container(request("app")).await.unwrap();
@@ -228,7 +235,9 @@ async fn requests_and_refusals_are_observed() {
     let requests = seen.requests.lock().unwrap().clone();
     for r in ["Configure", "Synchronize", "CreateContainer"] {
         assert!(
-            requests.iter().any(|(p, q, o)| p == "10-adjuster" && *q == r && *o == Outcome::Ok),
+            requests
+                .iter()
+                .any(|(p, q, o)| p == "10-adjuster" && *q == r && *o == Outcome::Ok),
             "{r}: {requests:?}"
         );
     }
