@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use toml_edit::{DocumentMut, Item, Table, Value, value};
+use toml_edit::{DocumentMut, Item, Table, Value};
 
-use super::{ConfigureError, ContainerdNri, Request, SystemdCgroup};
+use super::{ConfigureError, ContainerdNri, OPTIONS_FILE, RUNC_TYPE, RUNTIME_TYPE, Request, SystemdCgroup};
 
 /// The two layouts containerd's config has had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use toml_edit::{DocumentMut, Item, Table, Value, value};
+use toml_edit::{DocumentMut, Item, value};
 
 mod document;
 use document::*;
