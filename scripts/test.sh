@@ -57,6 +57,10 @@ part() {
 
 # The assembly itself: a patch that no longer applies, edits kept, pins.
 part "patch-crates tests" python3 scripts/tests/patch_crates_test.py
+# cargo test builds the binaries of packages that have integration tests
+# only; the integration tests run every binary of the workspace (the
+# installer's package has no tests of its own), so build them all first.
+part "workspace binaries" cargo build --workspace --bins --locked
 part "workspace (containerd $(containerd --version | awk '{print $3}'), system's)" \
     cargo test --workspace --locked --no-fail-fast
 # deploy/: the Kustomize base and Helm chart render and validate against

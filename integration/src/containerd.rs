@@ -15,14 +15,16 @@ pub const RUNTIME: &str = "io.containerd.nri-shim.v2";
 /// was built into.
 ///
 /// # Panics
-/// If it was not built (`cargo test --workspace` builds every binary).
+/// If it was not built: `cargo test --workspace` builds the binaries of
+/// packages with integration tests only, so `scripts/test.sh` runs
+/// `cargo build --workspace --bins` first (the installer has none).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let p = dir.join(name);
     assert!(
         p.exists(),
-        "{} is missing: run `cargo build --workspace` (cargo test --workspace builds it)",
+        "{} is missing: run `cargo build --workspace --bins` first (cargo test builds only the binaries of packages with integration tests)",
         p.display()
     );
     p

@@ -360,7 +360,7 @@ fn the_template_plugin_adjusts_under_nri_replay() {
     let template = Path::new(REPLAY).with_file_name("nri-plugin-template");
     assert!(
         template.exists(),
-        "{} is missing: cargo test --workspace builds it",
+        "{} is missing: cargo build --workspace --bins builds it",
         template.display()
     );
     let (dir, plugins, conf) = plugin_dirs();

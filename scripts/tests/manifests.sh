@@ -11,7 +11,7 @@ nri_k8s_tools
 export NRI_K8S_TOOLS
 export NRI_INSTALLER_BIN=${NRI_INSTALLER_BIN:-$PWD/target/debug/nri-shim-installer}
 if [ ! -x "$NRI_INSTALLER_BIN" ]; then
-    echo "$NRI_INSTALLER_BIN is missing: cargo build -p nri-shim-installer (cargo test --workspace builds it)" >&2
+    echo "$NRI_INSTALLER_BIN is missing: cargo build -p nri-shim-installer (scripts/test.sh builds every binary first)" >&2
     exit 1
 fi
 exec "$NRI_K8S_TOOLS/venv/bin/python3" scripts/tests/manifests_test.py
