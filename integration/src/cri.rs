@@ -192,6 +192,11 @@ pub struct CriSetup<'a> {
     /// finds it there (a link on its PATH), and its config names no
     /// `nri-shim` handler until the installer adds one.
     pub installed_shim: Option<PathBuf>,
+    /// containerd's state directory and the shim's state root on a tmpfs
+    /// of their own, as on a node, where both are under `/run`
+    /// (`/run/containerd`, `/run/nri-shim`); otherwise in the test's temp
+    /// directory on the disk. Unmounted by [`Cri::teardown`].
+    pub run_on_tmpfs: bool,
 }
 
 /// The CRI config of [`CriSetup::systemd_handlers`], with our handler's
@@ -331,13 +336,28 @@ impl Cri {
         )
         .unwrap();
         let sock = t.join("containerd.sock");
-        let shim_state = t.join("shim-state");
+        let run = if setup.run_on_tmpfs {
+            let run = t.join("run");
+            std::fs::create_dir_all(&run).unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                &run,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some("mode=0755"),
+            )
+            .unwrap_or_else(|e| panic!("mount a tmpfs on {}: {e}", run.display()));
+            run
+        } else {
+            t.clone()
+        };
+        let shim_state = run.join("shim-state");
         std::fs::write(
             t.join("config.toml"),
             format!(
                 r#"version = 2
 root = "{t}/root"
-state = "{t}/state"
+state = "{run}/state"
 [grpc]
   address = "{sock}"
 [ttrpc]
@@ -362,6 +382,7 @@ state = "{t}/state"
     max_conf_num = 1
 {nri_off}"#,
                 t = t.display(),
+                run = run.display(),
                 sock = sock.display(),
                 cni_conf = cni_conf.display(),
                 nri_off = containerd_nri_off(),

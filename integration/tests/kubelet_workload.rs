@@ -8,7 +8,9 @@
 //! test gives a private containerd's CRI a workload of the shape kubelet
 //! makes (a crash loop with back-off, an exec probe every second, OOM
 //! kills, stops after a preStop exec) while the node is loaded (a busy loop
-//! on each core, a writer dirtying the disk the container layers live on),
+//! on each core, a writer dirtying the disk the container layers live on;
+//! containerd's state and the shim's state root on a tmpfs, as under a
+//! node's `/run`),
 //! and measures the daemon directly: Task.State on its socket every 100 ms
 //! (a task call that needs no plugin and no I/O), and how late each exit
 //! reaches containerd (the container notes the time just before it exits;
@@ -295,6 +297,9 @@ fn a_kubelet_workload_under_load_never_waits_a_second() {
     // NRI_WORKLOAD_SHIM: another build of the shim (to see an older one fail).
     let cri = Cri::start(CriSetup {
         shim_bin: std::env::var_os("NRI_WORKLOAD_SHIM").map(Into::into),
+        // State where a node has it (/run, a tmpfs); container layers on
+        // the disk the writer dirties.
+        run_on_tmpfs: true,
         ..Default::default()
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -105,10 +105,23 @@ impl Service {
     /// stdio, [`crate::error::ShimError::Runtime`] when the runner fails.
     pub async fn create(&self, ns: &str, req: task_api::CreateTaskRequest) -> Result<task_api::CreateTaskResponse> {
         let reservation = self.inner.tasks.reserve(ns, &req.id)?;
-        // The Create `start` was run for has come (see crate::node::claim).
-        crate::node::claim::consume(&self.inner.state_root, ns, &req.id);
         let log_key = format!("{ns}/{}", req.id);
-        crate::node::shimlog::SHIM_LOG.attach(&log_key, std::path::Path::new(&req.bundle));
+        // The Create `start` was run for has come (see crate::node::claim),
+        // and the task's log fifo is attached: an unlink and an open in
+        // directories that may be on a disk, where the kernel can make them
+        // wait for the journal, so never on the runtime thread.
+        let (state_root, ns_, id, key, bundle) = (
+            self.inner.state_root.clone(),
+            ns.to_string(),
+            req.id.clone(),
+            log_key.clone(),
+            PathBuf::from(&req.bundle),
+        );
+        waits::blocking("claim and log fifo", move || {
+            crate::node::claim::consume(&state_root, &ns_, &id);
+            crate::node::shimlog::SHIM_LOG.attach(&key, &bundle);
+        })
+        .await;
         let mut undo = Undo::default();
         match self.create_inner(ns, &req, &mut undo).await {
             Ok(task) => {
