@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::Context as _;
 use nri_adaptation::Adaptation;
-use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
+use tracing_subscriber::layer::SubscriberExt as _;
 
 use super::{
     reload::{ConfigWatch, reload_config},
@@ -101,13 +101,22 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
     let filter = log_filter(&config.shim.log_level).unwrap_or_default();
     // Behind a reload handle: SIGHUP may change the level.
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    let _ = tracing_subscriber::fmt()
+    let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(crate::node::shimlog::writer)
         .with_max_level(tracing::Level::TRACE)
         .finish()
-        .with(filter)
-        .try_init();
+        .with(filter);
+    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+        // Crates that log through `log` (ttrpc, ...) reach the same
+        // filter, except the WebAssembly compiler's: `log` records have no
+        // per-call-site cache, so each of its ~15,000 debug records per
+        // plugin module would be matched against the filter (at `debug`,
+        // most of a module's compile time in a debug build).
+        let _ = tracing_log::LogTracer::builder()
+            .ignore_all(WASM_COMPILER_TARGETS)
+            .init();
+    }
     let set_log_level = move |level: &str| -> anyhow::Result<()> {
         handle.reload(log_filter(level)?)?;
         Ok(())
@@ -122,19 +131,44 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
     r
 }
 
-/// The daemon's log filter for a `[shim] log_level` value. libcgroups
-/// announces its manager at info and warns about every cgroup v1
-/// controller the host lacks (hugetlb, perf_event, ...) each time the
-/// daemon opens a container's cgroups (every exit and delete): not news,
-/// so those targets are quieted unless the value names libcgroups itself.
+/// Target prefixes of the WebAssembly compiler (wasmtime, Cranelift,
+/// regalloc2): its records are never forwarded from `log`, see
+/// [`log_filter`].
+const WASM_COMPILER_TARGETS: [&str; 3] = ["wasmtime", "cranelift", "regalloc2"];
+
+/// The daemon's log filter for a `[shim] log_level` value. Two
+/// dependencies are quieted unless the value names them:
+/// - libcgroups announces its manager at info and warns about every cgroup
+///   v1 controller the host lacks (hugetlb, perf_event, ...) each time the
+///   daemon opens a container's cgroups (every exit and delete): not news.
+/// - The WebAssembly compiler (wasmtime, Cranelift, regalloc2) writes
+///   about 15,000 debug lines per 100 KiB plugin module it compiles; at
+///   `debug` they were 99.9 % of the log and made the compile, which the
+///   daemon's startup waits for, several times slower. Only its warnings
+///   through `tracing` are kept; through `log` it is not heard at all.
 ///
 /// # Errors
 /// A value that is not a `tracing` targets filter.
 pub fn log_filter(level: &str) -> Result<tracing_subscriber::filter::Targets, tracing_subscriber::filter::ParseError> {
-    if level.contains("libcgroups") {
-        return level.parse();
+    // Targets match by prefix: `cranelift` covers cranelift_codegen and
+    // wasmtime_internal_cranelift is covered by `wasmtime`.
+    const QUIETED: [(&str, &str); 4] = [
+        (
+            "libcgroups",
+            "libcgroups::common=warn,libcgroups::v1::manager=error,libcgroups::v2::util=error",
+        ),
+        ("wasmtime", "wasmtime=warn"),
+        ("cranelift", "cranelift=warn"),
+        ("regalloc2", "regalloc2=warn"),
+    ];
+    let mut filter = level.to_string();
+    for (named, quiet) in QUIETED {
+        if !level.contains(named) {
+            filter.push(',');
+            filter.push_str(quiet);
+        }
     }
-    format!("{level},libcgroups::common=warn,libcgroups::v1::manager=error,libcgroups::v2::util=error").parse()
+    filter.parse()
 }
 
 /// Sets the log filter (a `[shim] log_level` value) of the running daemon.
@@ -491,5 +525,25 @@ mod tests {
         assert!(f.would_enable("libcgroups::common", &Level::WARN));
         let f = super::log_filter("info,libcgroups=debug").unwrap();
         assert!(f.would_enable("libcgroups::v1::manager", &Level::DEBUG));
+    }
+
+    #[test]
+    fn the_wasm_compiler_is_quieted_unless_the_level_names_it() {
+        let f = super::log_filter("debug").unwrap();
+        assert!(f.would_enable("nri_adaptation::plugin::wasm", &Level::DEBUG));
+        for target in [
+            "cranelift_codegen::timing::enabled",
+            "wasmtime_internal_cranelift::compiler",
+            "wasmtime::runtime::code_memory",
+            "regalloc2::ion",
+        ] {
+            assert!(!f.would_enable(target, &Level::DEBUG), "{target}");
+            assert!(!f.would_enable(target, &Level::INFO), "{target}");
+            assert!(f.would_enable(target, &Level::WARN), "{target}");
+        }
+        // Asked for by name: as asked.
+        let f = super::log_filter("info,cranelift_codegen=debug").unwrap();
+        assert!(f.would_enable("cranelift_codegen::context", &Level::DEBUG));
+        assert!(!f.would_enable("wasmtime::runtime", &Level::INFO));
     }
 }
