@@ -162,8 +162,10 @@ pub struct Containerd {
 pub struct Setup<'a> {
     /// Pre-installed plugins: (file name, binary, drop-in config text).
     pub plugins: Vec<(&'a str, PathBuf, String)>,
-    /// Extra TOML appended to the shim config.
+    /// Extra TOML appended to the shim config (after its `[shim]` keys).
     pub shim_toml: &'a str,
+    /// Extra keys of the shim config's `[nri]` table.
+    pub nri_toml: &'a str,
     /// The daemon's `idle_timeout` (default "2s").
     pub idle_timeout: &'a str,
     /// The shim binary (default: this workspace's build).
@@ -228,6 +230,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 socket_path = "{nri}"
 plugin_path = "{plugins}"
 plugin_config_path = "{conf}"
+{nri_extra}
 [shim]
 state_root = "{state}"
 idle_timeout = "{idle}"
@@ -243,7 +246,8 @@ log_level = "debug"
                 } else {
                     setup.idle_timeout
                 },
-                extra = setup.shim_toml
+                extra = setup.shim_toml,
+                nri_extra = setup.nri_toml,
             ),
         )
         .unwrap();

@@ -1100,6 +1100,57 @@ fn idmap_mount_is_refused_as_with_runc() {
     }
 }
 
+/// A daemon that cannot report its startup within `start`'s 10 s (here a
+/// pre-installed plugin that never registers, under a registration timeout
+/// longer than that) is stopped with the plugin process it started: the
+/// error says why, and no late daemon is left to take the task socket from
+/// the next `start`'s daemon.
+#[test]
+fn a_daemon_that_does_not_start_in_time_is_stopped_with_its_plugins() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let scratch = tempfile::tempdir().unwrap();
+    let (script, pid_file) = (scratch.path().join("silent"), scratch.path().join("silent.pid"));
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho $$ > {}\nexec sleep 120\n", pid_file.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = Containerd::start(Setup {
+        plugins: vec![("10-silent", script, String::new())],
+        nri_toml: "plugin_registration_timeout = \"60s\"",
+        ..Default::default()
+    });
+    let out = c.run("ctrd-slow", &["--rm"], &["/bin/true"]);
+    let msg = text(&out);
+    assert!(!out.status.success(), "{msg}");
+    assert!(msg.contains("did not report its startup within 10s"), "{msg}");
+    assert!(
+        msg.contains("stopped it and 1 plugin process(es) it had started"),
+        "{msg}"
+    );
+    let daemon: i32 = msg
+        .split("(pid ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no daemon pid in {msg}"));
+    let plugin: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let gone = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(gone(daemon) && gone(plugin)) {
+        assert!(
+            Instant::now() < deadline,
+            "daemon {daemon} gone: {}, plugin {plugin} gone: {}",
+            gone(daemon),
+            gone(plugin)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!text(&c.ctr(&["t", "ls"])).contains("ctrd-slow"));
+    assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
+}
+
 /// A WebAssembly plugin (the adjuster of `plugins/wasm`, a Rust guest
 /// built for wasm32-wasi) next to a plugin process: the container gets
 /// both adjustments, the plugin's log line reaches the shim's log.

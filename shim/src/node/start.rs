@@ -163,9 +163,11 @@ fn wait_ready(mut child: std::process::Child, mut ready: std::fs::File, dir: &Pa
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            let pid = child.id();
+            let stopped = stop_unready(&mut child);
             bail!(
-                "nri-shim daemon (pid {}) did not report its startup within {}s; see {}",
-                child.id(),
+                "nri-shim daemon (pid {pid}) did not report its startup within {}s (its pre-installed plugins must \
+                 register and load first); stopped it and {stopped} plugin process(es) it had started; see {}",
                 START_TIMEOUT.as_secs(),
                 dir.join("shim.log").display()
             );
@@ -215,4 +217,99 @@ fn wait_ready(mut child: std::process::Child, mut ready: std::fs::File, dir: &Pa
         "nri-shim daemon {status} before it was ready; see {}",
         dir.join("shim.log").display()
     )
+}
+
+/// Stops a daemon that did not report its startup in time, and the
+/// processes it had started (pre-installed plugins, each the leader of a
+/// process group of its own), and reaps it. Returns how many such
+/// processes were signalled.
+///
+/// Left running, it would bind the task socket whenever it got there:
+/// after the daemon of the next `start` had, unlinking that one's socket,
+/// or with a containerd that has already given up on it. The daemon is
+/// frozen (SIGSTOP) first so that it starts nothing new while its children
+/// are looked up.
+fn stop_unready(child: &mut std::process::Child) -> usize {
+    use nix::{
+        sys::signal::{Signal, kill, killpg},
+        unistd::Pid,
+    };
+    let pid = Pid::from_raw(child.id() as i32);
+    let _ = kill(pid, Signal::SIGSTOP);
+    let children = children_of(pid.as_raw());
+    for &c in &children {
+        let c = Pid::from_raw(c);
+        let _ = killpg(c, Signal::SIGKILL);
+        let _ = kill(c, Signal::SIGKILL);
+    }
+    // The daemon leads its own session and group (setsid in spawn_daemon).
+    let _ = killpg(pid, Signal::SIGKILL);
+    let _ = child.wait();
+    children.len()
+}
+
+/// The pids whose parent is `parent`, from `/proc/<pid>/stat` (its fourth
+/// field, after the command name in parentheses, which may itself hold
+/// spaces and parentheses).
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| parent_in_stat(&stat))
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// The parent pid in the text of a `/proc/<pid>/stat` file.
+fn parent_in_stat(stat: &str) -> Option<i32> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_parent_is_read_after_the_command_name() {
+        assert_eq!(super::parent_in_stat("42 (sh) S 7 42 42 0"), Some(7));
+        assert_eq!(super::parent_in_stat("42 (a) b (c) R 9 1 1 0"), Some(9));
+        assert_eq!(super::parent_in_stat("42 (sh"), None);
+    }
+
+    #[test]
+    fn children_are_found_and_a_stopped_daemon_takes_its_children_along() {
+        // A stand-in daemon: a shell leading a process group of its own,
+        // with a child in a session of its own (as a plugin is) that would
+        // outlive it.
+        use std::os::unix::process::CommandExt as _;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "setsid sleep 60 & wait"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let grandchild = loop {
+            if let Some(&g) = super::children_of(pid).first() {
+                break g;
+            }
+            assert!(std::time::Instant::now() < deadline, "no child of {pid} seen");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(super::stop_unready(&mut child), 1);
+        assert!(child.try_wait().unwrap().is_some(), "the daemon is reaped");
+        // The grandchild, reparented and reaped by whoever adopts it, goes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::path::Path::new(&format!("/proc/{grandchild}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{grandchild}/stat")).is_ok_and(|s| s.contains(") Z "))
+        {
+            assert!(std::time::Instant::now() < deadline, "{grandchild} still runs");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
