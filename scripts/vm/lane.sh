@@ -90,7 +90,12 @@ for suite in lifecycle containerd cri; do
     status=$(sed -n "s/^== suite $suite exit //p" "$log")
     out=$(section "$suite")
     if [ -z "$status" ]; then
-        problems+=("suite $suite did not finish")
+        # What CI's output tail must show: which tests were still running
+        # (libtest names a test running over 60 s) and how far it got.
+        stuck=$(echo "$out" | sed -n 's/^test \([^ ]*\) has been running for over 60 seconds$/\1/p' |
+            while read -r t; do echo "$out" | grep -qE "^test $t \.\.\. (ok|FAILED)$" || echo "$t"; done)
+        problems+=("suite $suite did not finish (the VM's time ran out): $(echo "$out" | grep -cE '^test [^ ]+ \.\.\. ok$' || true) tests passed; still running: ${stuck:-none named}; its last lines:
+$(echo "$out" | tail -n 15 | cut -c1-300 | sed 's/^/      /')")
     elif [ "$status" != 0 ] && [ "$status" != 101 ]; then
         problems+=("suite $suite exited with status $status (124: timed out; otherwise crashed)")
     fi
