@@ -420,6 +420,9 @@ fn a_running_containerd_is_restarted_serves_a_pod_takes_an_upgrade_in_place_and_
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
+        // Set however the body ends: a failed assertion must fail the
+        // test, not leave the scope waiting for the supervisor forever.
+        let _stop = StopOnDrop(&stop);
         let args = |source: &Path| -> Vec<String> {
             vec![
                 "--host-namespace=self".into(),
@@ -563,9 +566,17 @@ fn a_running_containerd_is_restarted_serves_a_pod_takes_an_upgrade_in_place_and_
             assert!(e.message().contains("nri-shim"), "{e}");
             c.remove_pod(&pod).await;
         });
-        stop.store(true, Ordering::Relaxed);
     });
     cri.teardown();
+}
+
+/// Sets its flag when dropped, also while a panic unwinds.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The pid of the nri-shim daemon serving the containerd at `sock`.
