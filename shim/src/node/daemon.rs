@@ -152,20 +152,17 @@ const WASM_COMPILER_TARGETS: [&str; 3] = ["wasmtime", "cranelift", "regalloc2"];
 pub fn log_filter(level: &str) -> Result<tracing_subscriber::filter::Targets, tracing_subscriber::filter::ParseError> {
     // Targets match by prefix: `cranelift` covers cranelift_codegen and
     // wasmtime_internal_cranelift is covered by `wasmtime`.
-    const QUIETED: [(&str, &str); 4] = [
-        (
-            "libcgroups",
-            "libcgroups::common=warn,libcgroups::v1::manager=error,libcgroups::v2::util=error",
-        ),
-        ("wasmtime", "wasmtime=warn"),
-        ("cranelift", "cranelift=warn"),
-        ("regalloc2", "regalloc2=warn"),
-    ];
+    let quieted = [(
+        "libcgroups",
+        "libcgroups::common=warn,libcgroups::v1::manager=error,libcgroups::v2::util=error".to_string(),
+    )]
+    .into_iter()
+    .chain(WASM_COMPILER_TARGETS.map(|t| (t, format!("{t}=warn"))));
     let mut filter = level.to_string();
-    for (named, quiet) in QUIETED {
+    for (named, quiet) in quieted {
         if !level.contains(named) {
             filter.push(',');
-            filter.push_str(quiet);
+            filter.push_str(&quiet);
         }
     }
     filter.parse()
