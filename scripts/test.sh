@@ -36,6 +36,10 @@ nri_need_packages openssl binutils python3-venv util-linux
 nri_containerd_versions
 
 nri_patch_crates
+# A cold build of every test binary took 7.9 GB under target/debug
+# (2026-12-05); the release build, the installer image and the VM lane add
+# a few more. Stop now, saying so, rather than with a linker killed midway.
+nri_need_disk target 15
 
 summary=()
 failed=0
@@ -46,11 +50,14 @@ part() {
     start=$(date +%s)
     echo "== $name" >&2
     "$@" || rc=$?
-    local took=$(($(date +%s) - start))
+    local took=$(($(date +%s) - start)) free
+    # Free space where the build writes: a full disk shows up as a linker
+    # killed by SIGBUS or an ENOSPC deep in a test, so the summary says it.
+    free=$(nri_free_mb target)
     if [ "$rc" -eq 0 ]; then
-        summary+=("passed  $name (${took} s)")
+        summary+=("passed  $name (${took} s, ${free} MB free after)")
     else
-        summary+=("FAILED  $name (${took} s, exit status $rc)")
+        summary+=("FAILED  $name (${took} s, exit status $rc, ${free} MB free after$( [ "$free" -lt 1024 ] && echo ": the disk is full"))")
         failed=1
     fi
 }
