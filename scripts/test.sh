@@ -50,14 +50,15 @@ part() {
     start=$(date +%s)
     echo "== $name" >&2
     "$@" || rc=$?
-    local took=$(($(date +%s) - start)) free
+    local took=$(($(date +%s) - start)) free full=
     # Free space where the build writes: a full disk shows up as a linker
     # killed by SIGBUS or an ENOSPC deep in a test, so the summary says it.
     free=$(nri_free_mb target)
     if [ "$rc" -eq 0 ]; then
         summary+=("passed  $name (${took} s, ${free} MB free after)")
     else
-        summary+=("FAILED  $name (${took} s, exit status $rc, ${free} MB free after$( [ "$free" -lt 1024 ] && echo ": the disk is full"))")
+        if [ "$free" -lt 1024 ]; then full=": the disk is full"; fi
+        summary+=("FAILED  $name (${took} s, exit status $rc, ${free} MB free after$full)")
         failed=1
     fi
 }

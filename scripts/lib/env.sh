@@ -49,22 +49,26 @@ nri_patch_crates() {
     "$(dirname "${BASH_SOURCE[0]}")/../patch-crates.py"
 }
 
-# nri_free_mb PATH: megabytes available on the file system that holds PATH
-# (or, before PATH exists, its nearest existing parent).
-nri_free_mb() {
+# nri_existing PATH: PATH, or before it exists its nearest existing parent
+# (the file system it will be on).
+nri_existing() {
     local p=$1
     while [ ! -e "$p" ]; do p=$(dirname "$p"); done
-    df -P -BM "$p" | awk 'NR == 2 { sub(/M$/, "", $4); print $4 }'
+    echo "$p"
+}
+
+# nri_free_mb PATH: megabytes available on the file system of PATH.
+nri_free_mb() {
+    df -P -BM "$(nri_existing "$1")" | awk 'NR == 2 { sub(/M$/, "", $4); print $4 }'
 }
 
 # nri_need_disk PATH GB: fails, naming the mount point and both figures,
 # unless about GB gigabytes are available where PATH is (or will be).
 nri_need_disk() {
-    local p=$1 want=$2 free
-    free=$(nri_free_mb "$p")
-    while [ ! -e "$p" ]; do p=$(dirname "$p"); done
-    if [ "$free" -lt $((want * 1024)) ]; then
-        echo "nri-shim's build and tests need about $want GB free for $1; $(df -P "$p" | awk 'NR == 2 { print $6 }') has $free MB: free some space (an old build: cargo clean)" >&2
+    local free
+    free=$(nri_free_mb "$1")
+    if [ "$free" -lt $(($2 * 1024)) ]; then
+        echo "nri-shim's build and tests need about $2 GB free for $1; $(df -P "$(nri_existing "$1")" | awk 'NR == 2 { print $6 }') has $free MB: free some space (an old build: cargo clean)" >&2
         return 1
     fi
 }
