@@ -14,9 +14,12 @@
 //! and measures the daemon directly: Task.State on its socket every 100 ms
 //! (a task call that needs no plugin and no I/O), and how late each exit
 //! reaches containerd (the container notes the time just before it exits;
-//! containerd's log says when the exit event arrived). Every task call
+//! containerd's log says when the exit event arrived). Every Task.State
 //! must answer within 1 s, every exit reach containerd within 1 s, and the
-//! daemon must log no slow request and no stalled runtime thread. (When
+//! daemon must log no stalled runtime thread and no request that it made
+//! wait a second or more. A request slow in its own steps (the container's
+//! own libcontainer create, whose mounts wait on a busy disk as runc's
+//! would) is printed with what it waited on. (When
 //! CRI then reports the exit depends on containerd: its CRI handles exit
 //! events one at a time, each with a task delete; printed, not judged.)
 //! Run on each containerd line by `scripts/test.sh`. Root only.
@@ -280,6 +283,16 @@ async fn state_canary(cri: &Cri, id: &str, m: &Mutex<Measured>, until: Instant) 
     }
 }
 
+/// The `runtime_thread_ms` of a daemon's slow-request line: how long the
+/// daemon made the request wait beyond its own steps.
+fn runtime_thread_ms(line: &str) -> u64 {
+    line.split("runtime_thread_ms=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("a slow-request line without runtime_thread_ms: {line}"))
+}
+
 fn max(v: impl IntoIterator<Item = Duration>) -> Duration {
     v.into_iter().max().unwrap_or_default()
 }
@@ -388,10 +401,28 @@ fn a_kubelet_workload_under_load_never_waits_a_second() {
         max(m.exits.iter().map(|e| e.2)),
     );
     assert!(m.rounds >= 10 && m.exits.len() >= 5, "too little work done to tell");
-    let warned: Vec<&str> = log
+    let stalled: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("a request took more than 1 s") || l.contains("has not run for more than 1 s"))
+        .filter(|l| l.contains("has not run for more than 1 s"))
         .collect();
+    // A request of a second or more either waited on the daemon (queued
+    // behind others, or work on the runtime thread: runtime_thread_ms) or
+    // on its own steps: the helper that runs libcontainer for this
+    // container, its own mounts and files. On a slow disk under the
+    // writer, a container's own mounts wait for the filesystem's journal,
+    // for runc's `runc create` as for ours, while every other request is
+    // answered (the Task.State canary above): reported, not failed.
+    let (waited, own_work): (Vec<&str>, Vec<&str>) = log
+        .lines()
+        .filter(|l| l.contains("a request took more than 1 s"))
+        .partition(|l| runtime_thread_ms(l) >= 1000);
+    if !own_work.is_empty() {
+        println!(
+            "requests of a second or more in their own steps (not the daemon's waiting):\n{}",
+            own_work.join("\n")
+        );
+    }
+    let warned: Vec<&str> = stalled.into_iter().chain(waited).collect();
     assert!(
         max(m.state.iter().copied()) < Duration::from_secs(1),
         "a Task.State took {:?}; the daemon logged:\n{}",

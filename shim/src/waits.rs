@@ -43,10 +43,16 @@ pub async fn request<T>(what: &'static str, task: &str, fut: impl Future<Output 
         .await;
     let took = start.elapsed();
     if took >= SLOW {
+        // What no step accounts for: time on the runtime thread, in work
+        // or queued behind other requests (a lock, a busy thread). Unlike
+        // the steps (this request's own helper process, its own mounts and
+        // files), this is time the daemon made the request wait.
+        let counted: Duration = steps.iter().map(|s| s.1).sum();
         tracing::warn!(
             request = what,
             task,
             took_ms = took.as_millis() as u64,
+            runtime_thread_ms = took.saturating_sub(counted).as_millis() as u64,
             waited_on = %describe(&steps, took),
             "a request took more than 1 s"
         );
@@ -280,6 +286,9 @@ mod tests {
                 timed("unmount rootfs", tokio::time::sleep(Duration::from_millis(1100))).await;
             })
             .await;
+            // Queued behind something that is no step of its own (a
+            // lock another request holds).
+            request("Kill", "c3", tokio::time::sleep(Duration::from_millis(1100))).await;
             // A fast one is not reported.
             request("State", "c2", async {}).await;
         });
@@ -293,13 +302,29 @@ mod tests {
             .lines()
             .filter(|l| l.contains("a request took more than 1 s"))
             .collect();
-        assert_eq!(slow.len(), 1, "{text}");
+        assert_eq!(slow.len(), 2, "{text}");
         assert!(
             slow[0].contains("request=\"Delete\"")
                 && slow[0].contains("task=\"c1\"")
                 && slow[0].contains("waited_on=unmount rootfs 1."),
             "{}",
             slow[0]
+        );
+        // The step was the request's own: the daemon made it wait
+        // (almost) nothing.
+        let runtime_thread_ms = |line: &str| -> u64 {
+            line.split("runtime_thread_ms=")
+                .nth(1)
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no runtime_thread_ms: {line}"))
+        };
+        let queued = runtime_thread_ms(slow[0]);
+        assert!(queued < 100, "{}", slow[0]);
+        assert!(
+            slow[1].contains("request=\"Kill\"") && runtime_thread_ms(slow[1]) >= 1000,
+            "{}",
+            slow[1]
         );
     }
 
