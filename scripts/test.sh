@@ -65,6 +65,11 @@ part() {
 
 # The assembly itself: a patch that no longer applies, edits kept, pins.
 part "patch-crates tests" python3 scripts/tests/patch_crates_test.py
+# The fuzz crate is outside the workspace, with a lock file of its own
+# that a new dependency of a workspace crate makes stale; .ci/run fuzzes
+# last, so say it here, in the summary, not after the whole run.
+part "fuzz/Cargo.lock up to date" \
+    cargo metadata --locked --format-version 1 --manifest-path fuzz/Cargo.toml -q >/dev/null
 # cargo test builds the binaries of packages that have integration tests
 # only; the integration tests run every binary of the workspace (the
 # installer's package has no tests of its own), so build them all first.
