@@ -555,9 +555,8 @@ impl Drop for Containerd {
             }
         }
         use nix::{sys::signal::Signal, unistd::Pid};
-        if let Some(pid) = self.shim_daemon_pid() {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
+        // The shim daemon, and any runc shim a refused create left.
+        crate::kill_shims_of(&self.sock);
         let _ = nix::sys::signal::kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
         let _ = self.child.wait();
         IDS_IN_USE

@@ -691,17 +691,8 @@ log_level = "debug"
             let _ = self.ctr(&["-n", "k8s.io", "t", "rm", "-f", id]);
         }
         use nix::{sys::signal::Signal, unistd::Pid};
-        let needle = format!("-address {}", self.sock.display());
-        for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("containerd-shim-nri-shim-v2") && cmd.contains(&needle) {
-                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
+        // The shim daemon, and any runc shim left by a refused create.
+        crate::kill_shims_of(&self.sock);
         let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {

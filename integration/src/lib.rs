@@ -612,3 +612,33 @@ pub fn inheritable_fds() -> Vec<i32> {
     fds.sort();
     fds
 }
+
+/// SIGKILLs every shim process (`containerd-shim-*`, any runtime) started
+/// with `-address <sock>`, the socket of one private containerd: what is
+/// left of it when its test ends. containerd 2.x starts a runtime's shim
+/// before it refuses some creates (an idmapped mount the shim's `-info`
+/// does not claim) and a refused create's runc shim then never gets a
+/// task to shut down; without this it outlives the test's containerd.
+/// Returns the pids signalled.
+pub fn kill_shims_of(sock: &Path) -> Vec<i32> {
+    let needle = format!("-address {}", sock.display());
+    let mut killed = Vec::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let exe = cmd.split_whitespace().next().unwrap_or("");
+        let is_shim = Path::new(exe)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("containerd-shim-"));
+        if is_shim
+            && (cmd.contains(&format!("{needle} ")) || cmd.trim_end().ends_with(&needle))
+            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok()
+        {
+            killed.push(pid);
+        }
+    }
+    killed
+}

@@ -1098,6 +1098,12 @@ fn idmap_mount_is_refused_as_with_runc() {
             "nri-shim on containerd 1.x: {nri}"
         );
     }
+    // containerd 2.x started runc's shim before it refused the create:
+    // the harness's teardown stops it with the daemon.
+    let sock = c.sock.clone();
+    drop(c);
+    let left = integration::kill_shims_of(&sock);
+    assert!(left.is_empty(), "shims that outlived their containerd: pids {left:?}");
 }
 
 /// A daemon that cannot report its startup within `start`'s 10 s (here a
