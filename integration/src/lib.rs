@@ -629,11 +629,9 @@ pub fn kill_shims_of(sock: &Path) -> Vec<i32> {
         };
         let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let exe = cmd.split_whitespace().next().unwrap_or("");
-        let is_shim = Path::new(exe)
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("containerd-shim-"));
-        if is_shim
+        // Anywhere in the command line, as before: a re-executed daemon's
+        // argv[0] need not be the shim's file name.
+        if cmd.contains("containerd-shim-")
             && (cmd.contains(&format!("{needle} ")) || cmd.trim_end().ends_with(&needle))
             && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok()
         {
