@@ -509,21 +509,10 @@ impl Containerd {
 
     /// Pid of the shim daemon serving this containerd, if running.
     pub fn shim_daemon_pid(&self) -> Option<i32> {
-        let needle = format!("-address {}", self.sock.display());
-        for p in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("containerd-shim-nri-shim-v2")
-                && cmd.contains(&needle)
-                && cmd.trim_end().ends_with("daemon")
-            {
-                return Some(pid);
-            }
-        }
-        None
+        crate::shims_of(&self.sock)
+            .into_iter()
+            .find(|(_, cmd)| cmd.contains("containerd-shim-nri-shim-v2") && cmd.trim_end().ends_with("daemon"))
+            .map(|(pid, _)| pid)
     }
 }
 

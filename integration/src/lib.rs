@@ -613,30 +613,41 @@ pub fn inheritable_fds() -> Vec<i32> {
     fds
 }
 
-/// SIGKILLs every shim process (`containerd-shim-*`, any runtime) started
-/// with `-address <sock>`, the socket of one private containerd: what is
-/// left of it when its test ends. containerd 2.x starts a runtime's shim
-/// before it refuses some creates (an idmapped mount the shim's `-info`
-/// does not claim) and a refused create's runc shim then never gets a
-/// task to shut down; without this it outlives the test's containerd.
-/// Returns the pids signalled.
-pub fn kill_shims_of(sock: &Path) -> Vec<i32> {
+/// Every shim process (`containerd-shim-*`, any runtime) started with
+/// `-address <sock>`, the socket of one private containerd: pid and
+/// command line (NULs as spaces). `containerd-shim-` is looked for
+/// anywhere in the command line: a re-executed daemon's argv\[0\] need not
+/// be the shim's file name.
+pub fn shims_of(sock: &Path) -> Vec<(i32, String)> {
     let needle = format!("-address {}", sock.display());
-    let mut killed = Vec::new();
+    let mut found = Vec::new();
     for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        // Anywhere in the command line, as before: a re-executed daemon's
-        // argv[0] need not be the shim's file name.
         if cmd.contains("containerd-shim-")
             && (cmd.contains(&format!("{needle} ")) || cmd.trim_end().ends_with(&needle))
-            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok()
         {
-            killed.push(pid);
+            found.push((pid, cmd));
         }
     }
-    killed
+    found
+}
+
+/// SIGKILLs every shim of [`shims_of`]`(sock)`: what is left of one
+/// containerd when its test ends. containerd 2.x starts a runtime's shim
+/// before it refuses some creates (an idmapped mount the shim's `-info`
+/// does not claim) and a refused create's runc shim then never gets a
+/// task to shut down; without this it outlives the test's containerd.
+/// Returns the pids signalled.
+pub fn kill_shims_of(sock: &Path) -> Vec<i32> {
+    shims_of(sock)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL).is_ok()
+        })
+        .collect()
 }

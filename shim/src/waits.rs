@@ -47,12 +47,12 @@ pub async fn request<T>(what: &'static str, task: &str, fut: impl Future<Output 
         // or queued behind other requests (a lock, a busy thread). Unlike
         // the steps (this request's own helper process, its own mounts and
         // files), this is time the daemon made the request wait.
-        let counted: Duration = steps.iter().map(|s| s.1).sum();
+        let on_runtime_thread = unaccounted(&steps, took);
         tracing::warn!(
             request = what,
             task,
             took_ms = took.as_millis() as u64,
-            runtime_thread_ms = took.saturating_sub(counted).as_millis() as u64,
+            runtime_thread_ms = on_runtime_thread.as_millis() as u64,
             waited_on = %describe(&steps, took),
             "a request took more than 1 s"
         );
@@ -85,12 +85,16 @@ pub async fn blocking<T: Send + 'static>(what: &'static str, f: impl FnOnce() ->
     .await
 }
 
+/// What of `took` no step accounts for: time on the runtime thread.
+fn unaccounted(steps: &[(&'static str, Duration)], took: Duration) -> Duration {
+    took.saturating_sub(steps.iter().map(|s| s.1).sum())
+}
+
 /// `step 1.20 s, step 0.31 s, ...`: the slowest steps first, then what is
 /// left of `took` (time on the runtime thread).
 fn describe(steps: &[(&'static str, Duration)], took: Duration) -> String {
     let mut sorted = steps.to_vec();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.1));
-    let counted: Duration = steps.iter().map(|s| s.1).sum();
     let mut parts: Vec<String> = sorted
         .iter()
         .take(4)
@@ -98,7 +102,7 @@ fn describe(steps: &[(&'static str, Duration)], took: Duration) -> String {
         .collect();
     parts.push(format!(
         "the runtime thread (work, or queued behind others) {:.2} s",
-        took.saturating_sub(counted).as_secs_f64()
+        unaccounted(steps, took).as_secs_f64()
     ));
     parts.join(", ")
 }
