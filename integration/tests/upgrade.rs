@@ -401,6 +401,10 @@ fn a_terminal_containers_output_goes_on_across_an_upgrade() {
     let chatty = "i=0; while :; do echo line $i; i=$((i+1)); usleep 100000; done";
     let script = format!("({chatty}) & while read l; do echo got $l; done");
     // `ctr run -t` wants a console even detached: `script` gives it one.
+    // script's stdin stays open until it exits: at end of file on its stdin
+    // script types ^D into its pty, which ctr (in raw mode, still copying
+    // stdin while it starts the task) forwarded into the container's
+    // terminal, ending the `read` loop at once (seen under load).
     let ctr = integration::containerd::containerd_cmd("ctr")
         .get_program()
         .to_string_lossy()
@@ -411,11 +415,16 @@ fn a_terminal_containers_output_goes_on_across_an_upgrade() {
         c.dir.path().join("fifo").display(),
         c.rootfs.display()
     );
-    let out = std::process::Command::new("script")
+    let mut script = std::process::Command::new("script")
         .args(["-qec", &cmdline, "/dev/null"])
-        .stdin(Stdio::null())
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("script (util-linux) runs ctr on a pty");
+    let script_stdin = script.stdin.take();
+    let out = script.wait_with_output().expect("script's output");
+    drop(script_stdin);
     assert!(out.status.success(), "ctr run -t: {}", text(&out));
     wait_status(&c, "upg-tty", "RUNNING");
     // ctr's fifos: <fifo dir>/<random>/upg-tty-stdout (and -stdin).
