@@ -155,8 +155,15 @@ impl Task for TaskService {
     ) -> ttrpc::Result<task_api::CreateTaskResponse> {
         if req.checkpoint.is_empty() && req.parent_checkpoint.is_empty() {
             let (svc, ns) = (self.service.clone(), self.ns(ctx));
-            self.on_main("Create", req.id.clone(), async move { svc.create(&ns, req).await })
-                .await
+            // Boxed: the create's state (a spec and its adjusted copy held
+            // across awaits) would otherwise be built and moved on the
+            // control thread's stack, which a debug build overflowed.
+            self.on_main(
+                "Create",
+                req.id.clone(),
+                async move { Box::pin(svc.create(&ns, req)).await },
+            )
+            .await
         } else {
             Err(ShimError::Unimplemented("restoring from a checkpoint is not supported by nri-shim".into()).into())
         }
