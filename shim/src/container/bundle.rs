@@ -9,6 +9,7 @@ use nix::mount::MsFlags;
 use nri_adaptation::api;
 use oci_spec::runtime::Spec;
 
+use super::idmap::{self, IdMap, UserNs};
 use crate::error::{Result, ShimError};
 
 /// File in the bundle holding the init's exit status (for `delete` after
@@ -231,16 +232,51 @@ pub fn default_exec_path_env(process: &mut serde_json::Value) {
 /// The mount error naming source, type and target;
 /// [`ShimError::InvalidArgument`] for recursive attribute options
 /// (`rro`, `rnosuid`, ...), which rootfs mounts do not take.
+///
+/// `uidmap=` and `gidmap=` (containerd's overlay snapshotter for a
+/// user-namespaced pod, see [`super::idmap`]) make the layers idmapped: an
+/// overlay's lower directories are mounted through idmapped read-only
+/// clones (its upper directory is already owned by the pod's ids), any
+/// other mount gets an idmapped clone of itself on top, as containerd's own
+/// mount code does for runc.
 pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<Vec<PathBuf>> {
     let mut done = Vec::new();
     for m in mounts {
-        if let Err(e) = mount_one(m, target) {
-            unmount_all(&done);
-            return Err(e);
+        match mount_one(m, target) {
+            Ok(count) => done.extend(std::iter::repeat_n(target.to_path_buf(), count)),
+            Err(e) => {
+                unmount_all(&done);
+                return Err(e);
+            }
         }
-        done.push(target.to_path_buf());
     }
     Ok(done)
+}
+
+/// Takes containerd's `uidmap=`/`gidmap=` options out of a rootfs mount:
+/// the mapping they give, and the mount without them.
+///
+/// # Errors
+/// [`ShimError::InvalidArgument`] when only one of the two is given or a
+/// value does not parse.
+fn take_idmap(m: &Mount) -> Result<(Option<IdMap>, Mount)> {
+    let value = |name: &str| m.options.iter().rev().find_map(|o| o.strip_prefix(name));
+    let what = || format!("rootfs mount {} ({})", m.source, m.type_);
+    let map = match (value("uidmap="), value("gidmap=")) {
+        (None, None) => return Ok((None, m.clone())),
+        (Some(u), Some(g)) => IdMap::from_options(&what(), u, g)?,
+        _ => {
+            return Err(ShimError::InvalidArgument(format!(
+                "{}: options {:?}: uidmap= and gidmap= go together",
+                what(),
+                m.options
+            )));
+        }
+    };
+    let mut rest = m.clone();
+    rest.options
+        .retain(|o| !o.starts_with("uidmap=") && !o.starts_with("gidmap="));
+    Ok((Some(map), rest))
 }
 
 /// Mount flags, filesystem data and propagation of one mount, as runc
@@ -254,27 +290,97 @@ struct MountOptions {
     propagation: MsFlags,
 }
 
-fn mount_one(m: &Mount, target: &Path) -> Result<()> {
+/// Mounts `m` on `target`; returns how many mounts it stacked there (two
+/// for an idmapped non-overlay mount).
+fn mount_one(m: &Mount, target: &Path) -> Result<usize> {
+    let (idmap, m) = take_idmap(m)?;
+    let m = &m;
     let describe = || format!("mount rootfs {} ({}) on {}", m.source, m.type_, target.display());
-    let o = parse_options(m)?;
+    let mut o = parse_options(m)?;
     std::fs::create_dir_all(target).map_err(|e| ShimError::io("create rootfs dir", e))?;
+    let userns = idmap.as_ref().map(UserNs::with_map).transpose()?;
+    // An idmapped overlay: each lower directory through an idmapped clone,
+    // staged next to the rootfs only until the overlay holds its own
+    // references to them.
+    let staged = match &userns {
+        Some(ns) if m.type_ == "overlay" => Some(IdmappedLowers::stage(&mut o.data, target, ns)?),
+        _ => None,
+    };
     let data = o.data.join(",");
     let fstype = (!m.type_.is_empty()).then_some(m.type_.as_str());
-    nix::mount::mount(
+    let mounted = nix::mount::mount(
         Some(m.source.as_str()),
         target,
         fstype,
         o.flags,
         (!data.is_empty()).then_some(data.as_str()),
-    )
-    .map_err(|e| ShimError::io(describe(), e.into()))?;
+    );
+    drop(staged);
+    mounted.map_err(|e| ShimError::io(describe(), e.into()))?;
+    let mut count = 1;
+    if let Some(ns) = userns.as_ref().filter(|_| m.type_ != "overlay") {
+        let recursive = o.flags.contains(MsFlags::MS_REC);
+        let idmapped = idmap::idmapped_clone(target, ns, recursive, false).and_then(|t| idmap::attach(t, target));
+        if let Err(e) = idmapped {
+            unmount_all(&[target.to_path_buf()]);
+            return Err(e);
+        }
+        count = 2;
+    }
     if !o.propagation.is_empty()
         && let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, o.propagation, None::<&str>)
     {
-        unmount_all(&[target.to_path_buf()]);
+        unmount_all(&vec![target.to_path_buf(); count]);
         return Err(ShimError::io(format!("{}: propagation", describe()), e.into()));
     }
-    Ok(())
+    Ok(count)
+}
+
+/// An overlay's lower directories mounted through idmapped read-only
+/// clones under `<bundle>/.nri-shim-idmap/<n>`; dropping it unmounts and
+/// removes them (the overlay keeps private clones of its layers).
+struct IdmappedLowers {
+    dir: PathBuf,
+    mounted: Vec<PathBuf>,
+}
+
+impl IdmappedLowers {
+    /// Rewrites the `lowerdir=` of `data` to the idmapped clones.
+    fn stage(data: &mut [String], target: &Path, userns: &UserNs) -> Result<IdmappedLowers> {
+        let dir = target.with_file_name(".nri-shim-idmap");
+        let mut staged = IdmappedLowers {
+            dir: dir.clone(),
+            mounted: Vec::new(),
+        };
+        let Some(lower) = data.iter_mut().find(|d| d.starts_with("lowerdir=")) else {
+            return Err(ShimError::InvalidArgument(format!(
+                "idmapped overlay rootfs on {}: no lowerdir= option",
+                target.display()
+            )));
+        };
+        let mut rewritten = Vec::new();
+        for (i, layer) in lower["lowerdir=".len()..].split(':').enumerate() {
+            let at = dir.join(i.to_string());
+            std::fs::create_dir_all(&at).map_err(|e| ShimError::io(format!("create {}", at.display()), e))?;
+            staged.mounted.push(at.clone());
+            idmap::attach(idmap::idmapped_clone(Path::new(layer), userns, false, true)?, &at)?;
+            rewritten.push(at.display().to_string());
+        }
+        *lower = format!("lowerdir={}", rewritten.join(":"));
+        Ok(staged)
+    }
+}
+
+impl Drop for IdmappedLowers {
+    fn drop(&mut self) {
+        // rmdir, never a recursive removal: a directory still mounted
+        // (EBUSY) must not have its layer's files removed through it.
+        for at in &self.mounted {
+            let _ = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_dir(at);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }
 
 /// Propagation options: libcontainer's option parser treats them as
@@ -518,6 +624,75 @@ mod tests {
             .find(|l| l.contains(&*target.to_string_lossy()))
             .expect("in mountinfo");
         assert!(line.contains("noatime") && line.contains("nodev"), "{line}");
+    }
+
+    #[test]
+    fn uidmap_and_gidmap_options_go_together_and_leave_the_rest() {
+        let (map, rest) = take_idmap(&mount(&["uidmap=0:100000:65536", "index=off", "gidmap=0:200000:65536"])).unwrap();
+        assert_eq!(map.unwrap().uids[0].host_id(), 100000);
+        assert_eq!(rest.options, ["index=off"]);
+        assert!(take_idmap(&mount(&["index=off"])).unwrap().0.is_none());
+        let e = take_idmap(&mount(&["uidmap=0:1:1"])).unwrap_err().to_string();
+        assert!(
+            e.contains("rootfs mount overlay (overlay)") && e.contains("go together"),
+            "{e}"
+        );
+    }
+
+    /// Root only. containerd's overlay snapshotter gives a user-namespaced
+    /// pod's rootfs `uidmap=`/`gidmap=` (its upper directory already owned by
+    /// the pod's root): the layers' 0:0 files show as the mapping's host
+    /// ids, the staging directory is gone once the overlay is mounted, and
+    /// a parentless snapshot's bind mount gets an idmapped clone on top.
+    #[test]
+    fn an_idmapped_rootfs_shows_the_layers_as_the_pods_ids() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let d = |n: &str| {
+            let p = dir.path().join(n);
+            std::fs::create_dir_all(&p).unwrap();
+            p
+        };
+        let (l1, l2, upper, work) = (d("l1"), d("l2"), d("upper"), d("work"));
+        let target = dir.path().join("bundle/rootfs");
+        std::fs::write(l1.join("a"), "1").unwrap();
+        std::fs::write(l2.join("b"), "2").unwrap();
+        let idmap = ["uidmap=0:100000:65536".to_string(), "gidmap=0:200000:65536".to_string()];
+        let overlay = Mount {
+            type_: "overlay".into(),
+            source: "overlay".into(),
+            options: [
+                idmap.to_vec(),
+                vec![
+                    "index=off".into(),
+                    format!("workdir={}", work.display()),
+                    format!("upperdir={}", upper.display()),
+                    format!("lowerdir={}:{}", l1.display(), l2.display()),
+                ],
+            ]
+            .concat(),
+            ..Default::default()
+        };
+        let mounted = mount_rootfs(&[overlay], &target).expect("idmapped overlay (root, Linux 5.19+)");
+        let owner = |p: PathBuf| std::fs::metadata(p).map(|m| (m.uid(), m.gid())).unwrap();
+        let seen = (owner(target.join("a")), owner(target.join("b")));
+        let staging_left = target.with_file_name(".nri-shim-idmap").exists();
+        unmount_all(&mounted);
+        assert_eq!(seen, ((100000, 200000), (100000, 200000)));
+        assert!(!staging_left);
+
+        let bind = Mount {
+            type_: "bind".into(),
+            source: l1.display().to_string(),
+            options: [idmap.to_vec(), vec!["rbind".into(), "rw".into()]].concat(),
+            ..Default::default()
+        };
+        let mounted = mount_rootfs(&[bind], &target).expect("idmapped bind");
+        let seen = owner(target.join("a"));
+        unmount_all(&mounted);
+        assert_eq!((mounted.len(), seen), (2, (100000, 200000)));
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!info.contains(dir.path().to_str().unwrap()), "left mounted:\n{info}");
     }
 
     #[test]

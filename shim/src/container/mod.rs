@@ -6,5 +6,6 @@
 pub mod bundle;
 pub mod cleanup;
 pub mod helper;
+pub mod idmap;
 pub mod record;
 pub mod runner;
