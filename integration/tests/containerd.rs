@@ -1048,18 +1048,18 @@ fn task_api_and_bootstrap_match_the_runc_shim() {
 
 /// Issue 9 item 5 through a real containerd: a container with an idmapped
 /// bind mount makes containerd 2.x ask the shim `-info` for its features
-/// before the create. nri-shim does not claim idmapped mounts (none is
-/// run through it yet), so containerd refuses the create as it does for
-/// Debian 12's runc 1.1 (no idmapped mounts either), naming the missing
-/// feature; a shim that cannot answer `-info` fails differently
-/// ("failed to run ... -info"). containerd 1.x does not ask: there runc
-/// 1.1 ignores the `idmap` option it does not know and runs the container
-/// with a plain bind mount, while libcontainer refuses the create, naming
-/// the cause (a deliberate difference: an idmapped mount silently made
-/// plain breaks the volume's ownership, which is why containerd 2.x
-/// checks).
+/// before the create. nri-shim claims idmapped mounts (issue 32), so the
+/// create reaches it; the mount has the `idmap` option and no mappings of
+/// its own, which takes the container's user namespace mappings, and this
+/// container has none: nri-shim refuses it, naming the mount and why, on
+/// every containerd line. For Debian 12's runc 1.1 (no idmapped mounts)
+/// containerd 2.x refuses the create itself, naming the missing feature;
+/// containerd 1.x does not ask, and runc 1.1 ignores the `idmap` option it
+/// does not know and runs the container with a plain bind mount (a
+/// deliberate difference: an idmapped mount silently made plain breaks
+/// the volume's ownership, which is why containerd 2.x checks).
 #[test]
-fn idmap_mount_is_refused_as_with_runc() {
+fn idmap_mount_without_mappings_is_refused() {
     let c = Containerd::start(Setup::default());
     let src = c.dir.path().join("idmap-src");
     std::fs::create_dir_all(&src).unwrap();
@@ -1085,19 +1085,13 @@ fn idmap_mount_is_refused_as_with_runc() {
         "containerd {}\n  runc:     {runc}\n  nri-shim: {nri}",
         integration::containerd::containerd_line()
     );
-    if integration::containerd::containerd_major() >= 2 {
-        integration::parity::expect_value(
-            "an idmapped mount on containerd 2.x",
-            &"refused: idmap mounts not supported".to_string(),
-            &runc,
-            &nri,
-        );
-    } else {
-        assert!(
-            nri.starts_with("failed:") && nri.contains("idmapped mount requires uid/gid mappings"),
-            "nri-shim on containerd 1.x: {nri}"
-        );
-    }
+    assert!(
+        nri.starts_with("failed:")
+            && nri.contains("mount /m: option idmap or ridmap without uidMappings and gidMappings")
+            && nri.contains("the container has none"),
+        "nri-shim: {nri}"
+    );
+
     // containerd 2.x started runc's shim before it refused the create:
     // the harness's teardown stops it with the daemon.
     let sock = c.sock.clone();

@@ -31,6 +31,8 @@ mod security;
 mod slice_parent;
 #[path = "cri/streaming.rs"]
 mod streaming;
+#[path = "cri/userns.rs"]
+mod userns;
 
 const NS: &str = "nri-lane";
 const WAIT: Duration = Duration::from_secs(30);
@@ -1129,7 +1131,7 @@ async fn runtime_handler_features() {
     if integration::containerd::containerd_major() >= 2 {
         assert_eq!(
             as_runc.as_deref(),
-            Some("Some(RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: false })"),
+            Some("Some(RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: true })"),
             "nri-shim declared as io.containerd.runc.v2 with runtime_path: its -info's features"
         );
         assert_eq!(

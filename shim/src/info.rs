@@ -9,11 +9,12 @@
 //! support (mount option `rro`) and user namespace support (namespace
 //! `user` and `linux.mountExtensions.idmap.enabled`) from it.
 //!
-//! Every feature listed is one this shim's libcontainer applies; options
-//! that need a kernel facility (the recursive `r*` mount options need
-//! `mount_setattr(2)`, Linux 5.12) are listed only when the running kernel
-//! has it. Not listed: user and time namespaces and idmapped mounts (not
-//! exercised through this shim), SELinux process labels (libcontainer
+//! Every feature listed is one this shim applies (through libcontainer,
+//! or itself for idmapped mounts: see `container::idmap`); options that
+//! need a kernel facility (the recursive `r*` mount options and idmapped
+//! mounts need `mount_setattr(2)`, Linux 5.12) are listed only when the
+//! running kernel has it. Not listed: the time namespace (not exercised
+//! through this shim), SELinux process labels (libcontainer
 //! applies mount labels only), the systemd cgroup driver of a user
 //! manager (`systemdUser`). The system manager's driver (`systemd`) is
 //! listed as runc lists it, whatever the host: a task asking for it on a
@@ -114,17 +115,22 @@ const RECURSIVE_MOUNT_OPTIONS: [&str; 18] = [
 ];
 
 /// Namespaces containers get through this shim (each one exercised by its
-/// tests). Not listed: `user` (no user-namespaced container is run through
-/// the shim yet; CRI enables user-namespaced pods only for a handler that
-/// lists it) and `time`.
-const NAMESPACES: [LinuxNamespaceType; 6] = [
+/// tests). Not listed: `time`. containerd 2.x's CRI reports a handler as
+/// able to run user-namespaced pods when `user` is listed and idmapped
+/// mounts are enabled.
+const NAMESPACES: [LinuxNamespaceType; 7] = [
     LinuxNamespaceType::Cgroup,
     LinuxNamespaceType::Ipc,
     LinuxNamespaceType::Mount,
     LinuxNamespaceType::Network,
     LinuxNamespaceType::Pid,
+    LinuxNamespaceType::User,
     LinuxNamespaceType::Uts,
 ];
+
+/// The OCI options that idmap a bind mount (with the container's
+/// mappings when the mount has none), made by `container::idmap`.
+const IDMAP_MOUNT_OPTIONS: [&str; 2] = ["idmap", "ridmap"];
 
 /// Seccomp actions libcontainer translates for libseccomp.
 const SECCOMP_ACTIONS: [LinuxSeccompAction; 9] = [
@@ -264,6 +270,7 @@ pub fn features(kernel: &Kernel) -> OciFeatures {
     let mut mount_options: Vec<String> = MOUNT_FLAG_OPTIONS.iter().map(|s| s.to_string()).collect();
     if kernel.mount_setattr {
         mount_options.extend(RECURSIVE_MOUNT_OPTIONS.iter().map(|s| s.to_string()));
+        mount_options.extend(IDMAP_MOUNT_OPTIONS.iter().map(|s| s.to_string()));
     }
     mount_options.sort();
     let namespaces: Vec<LinuxNamespaceType> = NAMESPACES
@@ -307,7 +314,12 @@ pub fn features(kernel: &Kernel) -> OciFeatures {
         )
         .mount_extensions(
             MountExtensionsBuilder::default()
-                .idmap(IDMapBuilder::default().enabled(false).build().expect("idmap features"))
+                .idmap(
+                    IDMapBuilder::default()
+                        .enabled(kernel.mount_setattr)
+                        .build()
+                        .expect("idmap features"),
+                )
                 .build()
                 .expect("mount extension features"),
         )
@@ -428,7 +440,7 @@ mod tests {
         assert_eq!(f["ociVersionMin"], "1.0.0");
         assert_eq!(
             f["linux"]["namespaces"],
-            serde_json::json!(["cgroup", "ipc", "mount", "network", "pid", "uts"])
+            serde_json::json!(["cgroup", "ipc", "mount", "network", "pid", "user", "uts"])
         );
         assert_eq!(
             f["linux"]["capabilities"],
@@ -438,7 +450,7 @@ mod tests {
             f["linux"]["cgroup"],
             serde_json::json!({"v1": true, "v2": true, "systemd": true, "systemdUser": false})
         );
-        assert_eq!(f["linux"]["mountExtensions"]["idmap"]["enabled"], false);
+        assert_eq!(f["linux"]["mountExtensions"]["idmap"]["enabled"], true);
         assert_eq!(f["linux"]["selinux"]["enabled"], false);
         let seccomp = &f["linux"]["seccomp"];
         assert_eq!(seccomp["enabled"], true);
@@ -465,24 +477,25 @@ mod tests {
         let with = json(&runtime_info(&[], &kernel(true)).unwrap());
         let without = json(&runtime_info(&[], &kernel(false)).unwrap());
         let has = |f: &serde_json::Value, o: &str| f["mountOptions"].as_array().unwrap().iter().any(|v| v == o);
-        for o in ["rro", "rnosuid", "rnosymfollow"] {
+        for o in ["rro", "rnosuid", "rnosymfollow", "idmap", "ridmap"] {
             assert!(has(&with, o) && !has(&without, o), "{o}");
         }
         for o in ["ro", "rbind", "rslave", "nosuid"] {
             assert!(has(&with, o) && has(&without, o), "{o}");
         }
-        assert!(!has(&with, "idmap") && !has(&with, "ridmap"));
+        let idmap = |f: &serde_json::Value| f["linux"]["mountExtensions"]["idmap"]["enabled"].clone();
+        assert_eq!((idmap(&with), idmap(&without)), (true.into(), false.into()));
     }
 
     #[test]
-    fn namespaces_the_kernel_lacks_and_user_and_time_are_not_claimed() {
+    fn namespaces_the_kernel_lacks_and_time_are_not_claimed() {
         let mut k = kernel(true);
         k.namespaces.retain(|n| n != "cgroup");
         k.namespaces.push("time".into());
         let f = json(&runtime_info(&[], &k).unwrap());
         assert_eq!(
             f["linux"]["namespaces"],
-            serde_json::json!(["ipc", "mount", "network", "pid", "uts"])
+            serde_json::json!(["ipc", "mount", "network", "pid", "user", "uts"])
         );
     }
 

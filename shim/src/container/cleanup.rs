@@ -177,6 +177,9 @@ pub fn clean_up(record: &TaskRecord, bundle: &Path) -> Vec<CleanupError> {
             break;
         }
     }
+    // A user-namespaced container's idmapped volumes, staged in the bundle
+    // (containerd removes the bundle next: nothing may stay mounted there).
+    super::idmap::unstage_all(bundle);
     let _ = std::fs::remove_file(crate::layout::init_console(&record.daemon_dir, &record.namespace, id));
     crate::task::audit::AuditRecord::remove(&record.daemon_dir, &record.namespace, id);
     problems

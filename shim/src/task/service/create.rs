@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, atomic::AtomicBool},
 };
 
@@ -22,6 +22,7 @@ use super::{
 };
 use crate::{
     container::bundle::{self, Bundle},
+    container::idmap,
     container::runner::CreateRequest,
     error::Result,
     nri::{self, Identity, Role},
@@ -226,13 +227,34 @@ impl Service {
             updates = rsp.update;
         }
         let relocated = relocate_relative_cgroups_path(&mut spec, options.systemd_cgroup, role, id, &pod.name);
-        if role != Role::Sandbox || defaulted_path || defaulted_cgroup || cdi_injected || relocated {
+        // Idmapped bind mounts (a user-namespaced pod's volumes) are made
+        // here, since libcontainer refuses them; plugins keep seeing the
+        // volumes' own sources, not where they were staged.
+        idmap::check_process_ids_mapped(&spec)?;
+        let unstaged = idmap::wants_staging(&spec).then(|| spec.clone());
+        if unstaged.is_some() {
+            let (dir, mut s) = (bundle.dir().to_path_buf(), spec);
+            let (s, staged) = waits::blocking("idmapped mounts", move || {
+                let r = idmap::stage_spec_mounts(&mut s, &dir);
+                (s, r)
+            })
+            .await;
+            spec = s;
+            undo.mounts.extend(staged?);
+        }
+        if role != Role::Sandbox
+            || defaulted_path
+            || defaulted_cgroup
+            || cdi_injected
+            || relocated
+            || unstaged.is_some()
+        {
             let (b, s) = (bundle.clone(), spec.clone());
             waits::blocking("write config.json", move || b.write_spec(&s)).await?;
             undo.config = Some(loaded.original);
         }
         if role != Role::Sandbox {
-            container = convert::container_from_spec(id, &pod.id, &name, &spec);
+            container = convert::container_from_spec(id, &pod.id, &name, unstaged.as_ref().unwrap_or(&spec));
             if !updates.is_empty() {
                 let failed = self.apply_updates(updates).await;
                 if !failed.is_empty() {
@@ -414,7 +436,9 @@ impl Service {
                 Bundle::new(&dir).restore_spec(&original);
             }
             let _ = std::fs::remove_file(console);
-            bundle::detach_all(&mounts)
+            let detached = bundle::detach_all(&mounts);
+            idmap::unstage_all(Path::new(&dir));
+            detached
         })
         .await;
         // The filesystem's release syncs it: nobody waits for that.

@@ -59,18 +59,21 @@ impl Service {
             self.runner().delete(id, Some(&task.cgroups_path)),
         )
         .await?;
-        let (state_root, ns_, id_, mounts) = (
+        let (state_root, ns_, id_, mounts, bundle_dir) = (
             self.inner.state_root.clone(),
             ns.to_string(),
             id.to_string(),
             task.rootfs_mounts.clone(),
+            task.bundle.clone(),
         );
         // The mount point is free when Delete returns (containerd removes
         // the bundle next); the filesystem's release, which syncs it, is
         // left to a thread nobody waits for.
         let detached = waits::blocking("unmount rootfs", move || {
             crate::task::audit::AuditRecord::remove(&state_root, &ns_, &id_);
-            bundle::detach_all(&mounts)
+            let detached = bundle::detach_all(&mounts);
+            crate::container::idmap::unstage_all(&bundle_dir);
+            detached
         })
         .await;
         tokio::task::spawn_blocking(move || {
