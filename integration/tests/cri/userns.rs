@@ -78,7 +78,8 @@ async fn userns_pod(cri: &Cri, h: &'static str, uids: Vec<api::IdMapping>) -> Ve
             "sh",
             "-c",
             "cat /proc/self/uid_map /proc/self/gid_map | tr -s ' ' | sed 's/^ //'; \
-             stat -c '%u:%g %n' / /v /v/f; cat /v/f; touch /v/c && echo created /v/c; echo END; sleep 1000",
+             stat -c '%u:%g %n' / /v /v/f; cat /v/f; touch /v/c && echo created /v/c; \
+             echo ns $(readlink /proc/self/ns/user); echo END; sleep 1000",
         ],
     );
     // The kubelet gives each container the pod's user namespace options.
@@ -120,10 +121,38 @@ async fn userns_pod(cri: &Cri, h: &'static str, uids: Vec<api::IdMapping>) -> Ve
                 break 'started vec![format!("StartContainer refused: {}", e.message())];
             }
             let lines = log_with(&cfg, "c", &["END"]).await;
+            // The pod's user namespace is its sandbox's (containerd's
+            // verbose PodSandboxStatus gives the sandbox's pid).
+            let status =
+                c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
+                    pod_sandbox_id: pod.clone(),
+                    verbose: true,
+                })
+                .await
+                .expect("PodSandboxStatus")
+                .into_inner();
+            let pid = status
+                .info
+                .get("info")
+                .and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
+                .and_then(|i| i["pid"].as_u64())
+                .expect("the sandbox's pid in the verbose status");
+            let ns = |p: &str| {
+                std::fs::read_link(p)
+                    .map(|l| l.display().to_string())
+                    .unwrap_or_default()
+            };
+            let (sandbox_ns, host_ns) = (ns(&format!("/proc/{pid}/ns/user")), ns("/proc/self/ns/user"));
             let mut out: Vec<String> = lines
                 .iter()
                 .map(|l| l.split_once(" F ").map_or(l.as_str(), |(_, t)| t).to_string())
                 .filter(|l| l != "END")
+                .map(|l| match l.strip_prefix("ns ") {
+                    Some(n) if n == sandbox_ns && n != host_ns => "user namespace: the pod's".to_string(),
+                    Some(n) if n == host_ns => "user namespace: the host's".to_string(),
+                    Some(n) => format!("user namespace: {n}, not the pod's {sandbox_ns}"),
+                    None => l,
+                })
                 .collect();
             // An exec (a kubelet probe) joins the container's user namespace.
             let exec = c
@@ -182,6 +211,7 @@ async fn user_namespaced_pods() {
             "host: /v/c owned 0:0",
             "secret",
             "staged mounts left: []",
+            "user namespace: the host's",
         ],
         "1.7" => vec![
             "CreateContainer refused: {*}idmap mounts not yet supported, but they were requested for{*}",
@@ -198,6 +228,7 @@ async fn user_namespaced_pods() {
             "host: /v/c owned 0:0",
             "secret",
             "staged mounts left: []",
+            "user namespace: the pod's",
         ],
     }
     .into_iter()
