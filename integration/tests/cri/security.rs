@@ -420,16 +420,14 @@ async fn propagation(cri: &Cri, h: &'static str, mode: api::MountPropagation) ->
     let id = running(&mut c, &pod, &cfg, cc).await;
     std::fs::create_dir_all(vol.join("from-host")).unwrap();
     host_mount(&["-t", "tmpfs", "from-host", &vol.join("from-host").display().to_string()]);
-    let seen_in = c
-        .sh(&id, "grep -c ' /mnt/vol/from-host ' /proc/self/mountinfo")
-        .await
-        .trim()
-        != "0";
-    c.sh(
-        &id,
-        "mkdir -p /mnt/vol/from-container && mount -t tmpfs from-container /mnt/vol/from-container",
-    )
-    .await;
+    // An exec that does not answer (once in a whole test run beside a busy
+    // loop on each core: no answer in 60 s) fails with both daemons' logs.
+    let mut sh = async |script: &str| match c.exec(&id, &["sh", "-c", script], 10).await {
+        Ok(r) => String::from_utf8_lossy(&r.stdout).into_owned(),
+        Err(e) => panic!("{h}: ExecSync {script:?} in {id}: {e}\n{}", cri.logs_tail(80)),
+    };
+    let seen_in = sh("grep -c ' /mnt/vol/from-host ' /proc/self/mountinfo").await.trim() != "0";
+    sh("mkdir -p /mnt/vol/from-container && mount -t tmpfs from-container /mnt/vol/from-container").await;
     let seen_on_host = host_has_mount(&vol.join("from-container"));
     c.remove_pod(&pod).await;
     let _ = std::process::Command::new("umount").args(["-R", &v]).status();
