@@ -153,8 +153,13 @@ impl UserNs {
         let child = match fork {
             Err(e) => return Err(ShimError::io("user namespace for an idmapped mount: fork", e.into())),
             Ok(nix::unistd::ForkResult::Child) => unsafe {
-                let ok: u8 = u8::from(libc::unshare(libc::CLONE_NEWUSER) == 0);
-                libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
+                // 0, or the errno of the unshare.
+                let errno: i32 = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                    0
+                } else {
+                    *libc::__errno_location()
+                };
+                libc::write(ready_w.as_raw_fd(), (&errno as *const i32).cast(), 4);
                 loop {
                     libc::pause();
                 }
@@ -162,15 +167,18 @@ impl UserNs {
             Ok(nix::unistd::ForkResult::Parent { child }) => Reaped(child),
         };
         drop(ready_w);
-        let mut ok = [0u8];
-        let read = std::fs::File::from(ready_r).read_exact(&mut ok);
-        if read.is_err() || ok[0] != 1 {
-            return Err(ShimError::io(
+        let mut errno = [0u8; 4];
+        let unshared = match std::fs::File::from(ready_r).read_exact(&mut errno) {
+            Err(e) => Err(e),
+            Ok(()) if errno == [0; 4] => Ok(()),
+            Ok(()) => Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno))),
+        };
+        unshared.map_err(|e| {
+            ShimError::io(
                 "user namespace for an idmapped mount: unshare(CLONE_NEWUSER) in the child",
-                read.err()
-                    .unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EPERM)),
-            ));
-        }
+                e,
+            )
+        })?;
         let proc = format!("/proc/{}", child.0);
         for (file, ranges) in [("uid_map", &map.uids), ("gid_map", &map.gids)] {
             let path = format!("{proc}/{file}");

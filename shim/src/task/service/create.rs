@@ -227,10 +227,10 @@ impl Service {
             updates = rsp.update;
         }
         let relocated = relocate_relative_cgroups_path(&mut spec, options.systemd_cgroup, role, id, &pod.name);
+        idmap::check_process_ids_mapped(&spec)?;
         // Idmapped bind mounts (a user-namespaced pod's volumes) are made
         // here, since libcontainer refuses them; plugins keep seeing the
         // volumes' own sources, not where they were staged.
-        idmap::check_process_ids_mapped(&spec)?;
         let unstaged = idmap::wants_staging(&spec).then(|| spec.clone());
         if unstaged.is_some() {
             let (dir, mut s) = (bundle.dir().to_path_buf(), spec);
