@@ -251,12 +251,32 @@ async fn prestop_loop(cri: &Cri, pod: &str, cfg: &api::PodSandboxConfig, m: &Mut
     }
 }
 
+/// What containerd and the daemon logged about container `id`, and the
+/// daemon's slow-request warnings: the last 80 such lines of each. An exec
+/// probe got no answer in 60 s once, in a whole test run beside a busy loop
+/// on each core; this is what tells where it waited.
+fn trail(cri: &Cri, id: &str) -> String {
+    let pick = |log: String| {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(id) || l.contains("took more than") || l.contains("stalled"))
+            .collect();
+        lines[lines.len().saturating_sub(80)..].join("\n")
+    };
+    format!(
+        "--- containerd.log ---\n{}\n--- shim.log ---\n{}",
+        pick(cri.log()),
+        pick(cri.shim_log())
+    )
+}
+
 /// An exec probe every second on a long-running container.
 async fn probe_loop(cri: &Cri, id: &str, m: &Mutex<Measured>, until: Instant) {
     let mut c = cri.client().await;
     while Instant::now() < until {
         let r = timed(m, "ExecSync (probe)", c.exec(id, &["cat", "/proc/loadavg"], 10)).await;
-        assert_eq!(r.expect("probe ExecSync").exit_code, 0);
+        let r = r.unwrap_or_else(|e| panic!("probe ExecSync in {id}: {e}\n{}", trail(cri, id)));
+        assert_eq!(r.exit_code, 0);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
