@@ -835,12 +835,20 @@ impl Client {
 
     /// CreateContainer; returns the container id. A container without
     /// namespace options gets the pod's, as kubelet sends them.
-    pub async fn create(
+    pub async fn create(&mut self, pod: &str, pod_cfg: &api::PodSandboxConfig, cfg: api::ContainerConfig) -> String {
+        self.try_create(pod, pod_cfg, cfg)
+            .await
+            .unwrap_or_else(|e| panic!("CreateContainer in {pod}: {e}"))
+    }
+
+    /// CreateContainer as [`Client::create`] sends it; returns the
+    /// container id or CRI's refusal.
+    pub async fn try_create(
         &mut self,
         pod: &str,
         pod_cfg: &api::PodSandboxConfig,
         mut cfg: api::ContainerConfig,
-    ) -> String {
+    ) -> Result<String, tonic::Status> {
         let pod_ns = pod_cfg
             .linux
             .as_ref()
@@ -858,9 +866,7 @@ impl Client {
                 sandbox_config: Some(pod_cfg.clone()),
             })
             .await
-            .unwrap_or_else(|e| panic!("CreateContainer in {pod}: {e}"))
-            .into_inner()
-            .container_id
+            .map(|r| r.into_inner().container_id)
     }
 
     /// CreateContainer and StartContainer; returns the container id.

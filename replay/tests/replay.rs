@@ -59,8 +59,23 @@ fn replay_basic(dir: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Whether a unix socket bound at `path` listens (`/proc/net/unix`: flags
+/// `00010000`, the kernel's accepting-connections flag). The file appears
+/// at bind(2), before listen(2): a plugin started on the file alone was
+/// refused once ("Connection refused") in a whole test run beside a busy
+/// loop on each core, and the replay waited for it in vain.
+fn listening(path: &Path) -> bool {
+    let path = path.display().to_string();
+    std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| {
+        t.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 8 && f[7] == path && f[3] == "00010000"
+        })
+    })
+}
+
 /// Runs nri-replay on `scenario` and starts `plugins` (idx, name, config)
-/// once its socket exists.
+/// once its socket listens.
 fn replay_with_external(scenario: &Path, plugins: &[(&str, &str, &str)]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("nri.sock");
@@ -74,7 +89,7 @@ fn replay_with_external(scenario: &Path, plugins: &[(&str, &str, &str)]) -> Outp
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !sock.exists() {
+    while !listening(&sock) {
         assert!(Instant::now() < deadline, "nri-replay never opened its socket");
         std::thread::sleep(Duration::from_millis(5));
     }

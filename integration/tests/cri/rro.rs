@@ -50,18 +50,9 @@ async fn rro(cri: &Cri, h: &'static str, recursive: bool, propagation: api::Moun
         propagation: propagation as i32,
         ..Default::default()
     }];
-    let out = match c
-        .rt
-        .create_container(api::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(cc),
-            sandbox_config: Some(cfg.clone()),
-        })
-        .await
-    {
+    let out = match c.try_create(&pod, &cfg, cc).await {
         Err(e) => format!("refused: {}", e.message().split(": ").next().unwrap_or_default()),
-        Ok(r) => {
-            let id = r.into_inner().container_id;
+        Ok(id) => {
             c.start(&id).await;
             let lines = log_with(&cfg, "c", &["END"]).await;
             lines

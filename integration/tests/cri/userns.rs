@@ -82,15 +82,6 @@ async fn userns_pod(cri: &Cri, h: &'static str, uids: Vec<api::IdMapping>) -> Ve
              echo ns $(readlink /proc/self/ns/user); echo END; sleep 1000",
         ],
     );
-    // The kubelet gives each container the pod's user namespace options.
-    let userns = cfg
-        .linux
-        .as_ref()
-        .and_then(|l| l.security_context.as_ref())
-        .and_then(|s| s.namespace_options.clone());
-    if let Some(sc) = cc.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
-        sc.namespace_options = userns;
-    }
     cc.mounts = vec![api::Mount {
         container_path: "/v".into(),
         host_path: vol.display().to_string(),
@@ -98,18 +89,11 @@ async fn userns_pod(cri: &Cri, h: &'static str, uids: Vec<api::IdMapping>) -> Ve
         gid_mappings: mapping(),
         ..Default::default()
     }];
-    let mut out = match c
-        .rt
-        .create_container(api::CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(cc),
-            sandbox_config: Some(cfg.clone()),
-        })
-        .await
-    {
+    // The kubelet gives each container the pod's user namespace options,
+    // as try_create does.
+    let mut out = match c.try_create(&pod, &cfg, cc).await {
         Err(e) => vec![format!("CreateContainer refused: {}", e.message())],
-        Ok(r) => 'started: {
-            let id = r.into_inner().container_id;
+        Ok(id) => 'started: {
             // containerd 2.x asks the runtime's -info for idmapped mounts
             // here, when it creates the task.
             if let Err(e) =
