@@ -259,11 +259,11 @@ pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<Vec<PathBuf>> {
 /// # Errors
 /// [`ShimError::InvalidArgument`] when only one of the two is given or a
 /// value does not parse.
-fn take_idmap(m: &Mount) -> Result<(Option<IdMap>, Mount)> {
+fn take_idmap(m: &Mount) -> Result<Option<(IdMap, Mount)>> {
     let value = |name: &str| m.options.iter().rev().find_map(|o| o.strip_prefix(name));
     let what = || format!("rootfs mount {} ({})", m.source, m.type_);
     let map = match (value("uidmap="), value("gidmap=")) {
-        (None, None) => return Ok((None, m.clone())),
+        (None, None) => return Ok(None),
         (Some(u), Some(g)) => IdMap::from_options(&what(), u, g)?,
         _ => {
             return Err(ShimError::InvalidArgument(format!(
@@ -276,7 +276,7 @@ fn take_idmap(m: &Mount) -> Result<(Option<IdMap>, Mount)> {
     let mut rest = m.clone();
     rest.options
         .retain(|o| !o.starts_with("uidmap=") && !o.starts_with("gidmap="));
-    Ok((Some(map), rest))
+    Ok(Some((map, rest)))
 }
 
 /// Mount flags, filesystem data and propagation of one mount, as runc
@@ -293,8 +293,10 @@ struct MountOptions {
 /// Mounts `m` on `target`; returns how many mounts it stacked there (two
 /// for an idmapped non-overlay mount).
 fn mount_one(m: &Mount, target: &Path) -> Result<usize> {
-    let (idmap, m) = take_idmap(m)?;
-    let m = &m;
+    // The mount without the options only when it has them: the common
+    // rootfs is not copied.
+    let (idmap, without) = take_idmap(m)?.unzip();
+    let m = without.as_ref().unwrap_or(m);
     let describe = || format!("mount rootfs {} ({}) on {}", m.source, m.type_, target.display());
     let mut o = parse_options(m)?;
     std::fs::create_dir_all(target).map_err(|e| ShimError::io("create rootfs dir", e))?;
@@ -303,7 +305,7 @@ fn mount_one(m: &Mount, target: &Path) -> Result<usize> {
     // staged next to the rootfs only until the overlay holds its own
     // references to them.
     let staged = match &userns {
-        Some(ns) if m.type_ == "overlay" => Some(IdmappedLowers::stage(&mut o.data, target, ns)?),
+        Some(ns) if m.type_ == "overlay" => Some(stage_idmapped_lowers(&mut o.data, target, ns)?),
         _ => None,
     };
     let data = o.data.join(",");
@@ -336,51 +338,28 @@ fn mount_one(m: &Mount, target: &Path) -> Result<usize> {
     Ok(count)
 }
 
-/// An overlay's lower directories mounted through idmapped read-only
-/// clones under `<bundle>/.nri-shim-idmap/<n>`; dropping it unmounts and
-/// removes them (the overlay keeps private clones of its layers).
-struct IdmappedLowers {
-    dir: PathBuf,
-    mounted: Vec<PathBuf>,
-}
-
-impl IdmappedLowers {
-    /// Rewrites the `lowerdir=` of `data` to the idmapped clones.
-    fn stage(data: &mut [String], target: &Path, userns: &UserNs) -> Result<IdmappedLowers> {
-        let dir = target.with_file_name(".nri-shim-idmap");
-        let mut staged = IdmappedLowers {
-            dir: dir.clone(),
-            mounted: Vec::new(),
-        };
-        let Some(lower) = data.iter_mut().find(|d| d.starts_with("lowerdir=")) else {
-            return Err(ShimError::InvalidArgument(format!(
-                "idmapped overlay rootfs on {}: no lowerdir= option",
-                target.display()
-            )));
-        };
-        let mut rewritten = Vec::new();
-        for (i, layer) in lower["lowerdir=".len()..].split(':').enumerate() {
-            let at = dir.join(i.to_string());
-            std::fs::create_dir_all(&at).map_err(|e| ShimError::io(format!("create {}", at.display()), e))?;
-            staged.mounted.push(at.clone());
-            idmap::attach(idmap::idmapped_clone(Path::new(layer), userns, false, true)?, &at)?;
-            rewritten.push(at.display().to_string());
-        }
-        *lower = format!("lowerdir={}", rewritten.join(":"));
-        Ok(staged)
+/// Mounts an overlay's lower directories through idmapped read-only
+/// clones under `<bundle>/.nri-shim-idmap/<n>` and rewrites the
+/// `lowerdir=` of `data` to them; dropping the result unmounts and removes
+/// them (the overlay keeps private clones of its layers).
+fn stage_idmapped_lowers(data: &mut [String], target: &Path, userns: &UserNs) -> Result<idmap::Staged> {
+    let mut staged = idmap::Staged(Vec::new(), target.with_file_name(".nri-shim-idmap"));
+    let Some(lower) = data.iter_mut().find(|d| d.starts_with("lowerdir=")) else {
+        return Err(ShimError::InvalidArgument(format!(
+            "idmapped overlay rootfs on {}: no lowerdir= option",
+            target.display()
+        )));
+    };
+    let mut rewritten = Vec::new();
+    for (i, layer) in lower["lowerdir=".len()..].split(':').enumerate() {
+        let at = staged.1.join(i.to_string());
+        std::fs::create_dir_all(&at).map_err(|e| ShimError::io(format!("create {}", at.display()), e))?;
+        staged.0.push(at.clone());
+        idmap::attach(idmap::idmapped_clone(Path::new(layer), userns, false, true)?, &at)?;
+        rewritten.push(at.display().to_string());
     }
-}
-
-impl Drop for IdmappedLowers {
-    fn drop(&mut self) {
-        // rmdir, never a recursive removal: a directory still mounted
-        // (EBUSY) must not have its layer's files removed through it.
-        for at in &self.mounted {
-            let _ = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH);
-            let _ = std::fs::remove_dir(at);
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-    }
+    *lower = format!("lowerdir={}", rewritten.join(":"));
+    Ok(staged)
 }
 
 /// Propagation options: libcontainer's option parser treats them as
@@ -628,10 +607,12 @@ mod tests {
 
     #[test]
     fn uidmap_and_gidmap_options_go_together_and_leave_the_rest() {
-        let (map, rest) = take_idmap(&mount(&["uidmap=0:100000:65536", "index=off", "gidmap=0:200000:65536"])).unwrap();
-        assert_eq!(map.unwrap().uids[0].host_id(), 100000);
+        let (map, rest) = take_idmap(&mount(&["uidmap=0:100000:65536", "index=off", "gidmap=0:200000:65536"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(map.uids[0].host_id(), 100000);
         assert_eq!(rest.options, ["index=off"]);
-        assert!(take_idmap(&mount(&["index=off"])).unwrap().0.is_none());
+        assert!(take_idmap(&mount(&["index=off"])).unwrap().is_none());
         let e = take_idmap(&mount(&["uidmap=0:1:1"])).unwrap_err().to_string();
         assert!(
             e.contains("rootfs mount overlay (overlay)") && e.contains("go together"),

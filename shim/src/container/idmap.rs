@@ -489,9 +489,9 @@ fn make_dir(path: &Path, mode: u32) -> Result<()> {
     }
 }
 
-/// Mounts staged so far, and their directory: undone on error (the
-/// caller takes the list on success).
-struct Staged(Vec<std::path::PathBuf>, std::path::PathBuf);
+/// Mounts staged so far (`.0`), and their directory (`.1`): unstaged
+/// ([`unstage`]) when dropped; take the list out to keep them.
+pub(crate) struct Staged(pub(crate) Vec<std::path::PathBuf>, pub(crate) std::path::PathBuf);
 
 impl Drop for Staged {
     fn drop(&mut self) {
