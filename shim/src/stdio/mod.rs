@@ -22,6 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod fifo;
 mod stdin;
 mod terminal;
 #[cfg(test)]
@@ -155,6 +156,11 @@ pub struct ProcessIo {
     /// The stdin copier's (fifo, pipe) fds while it runs: an upgrade hands
     /// them to the next image.
     stdin_fds: Arc<Mutex<Option<(RawFd, RawFd)>>>,
+    /// The daemon's own handles on the output fifos given to the process,
+    /// handed over at its exit (see `fifo`).
+    keepers: Vec<OwnedFd>,
+    /// Dropped with this: a handover still waiting for a reader lets go.
+    keepers_gone: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// What the next image of the daemon needs to carry on a process's stdio
@@ -192,6 +198,8 @@ impl ProcessIo {
             terminal: None,
             output_done: None,
             stdin_fds: Arc::new(Mutex::new(None)),
+            keepers: Vec::new(),
+            keepers_gone: None,
         }
     }
 
@@ -228,7 +236,9 @@ impl ProcessIo {
             io.spawn_stdin_copier(source, sink);
             r
         };
-        io.container_fds = Some([stdin, open_output(&spec.stdout)?, open_output(&spec.stderr)?]);
+        let (stdout, stderr) = (open_output(&spec.stdout)?, open_output(&spec.stderr)?);
+        io.keepers = [&stdout, &stderr].into_iter().filter_map(fifo::keeper).collect();
+        io.container_fds = Some([stdin, stdout, stderr]);
         Ok(io)
     }
 
@@ -415,6 +425,19 @@ impl ProcessIo {
     /// output copier ends on its own (EIO); other stdio needs no draining.
     pub fn output_drained(&mut self) -> Option<tokio::sync::oneshot::Receiver<()>> {
         self.output_done.take()
+    }
+
+    /// After the process exited: lets go of the daemon's handles on its
+    /// output fifos once their reader has them open, so a reader that
+    /// comes after the exit still gets the output and end of file (see
+    /// `fifo`). Must run inside a tokio runtime.
+    pub fn hand_over_outputs(&mut self) {
+        if self.keepers.is_empty() {
+            return;
+        }
+        let (gone_tx, gone) = tokio::sync::oneshot::channel();
+        self.keepers_gone = Some(gone_tx);
+        tokio::spawn(fifo::hold_until_read(std::mem::take(&mut self.keepers), gone));
     }
 }
 

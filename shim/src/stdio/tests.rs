@@ -224,3 +224,86 @@ async fn a_stopped_terminal_copier_leaves_output_in_the_pty() {
         .ok();
     assert_eq!(io.live_fds().term_output, None, "the copy ended: the fifo is closed");
 }
+
+/// A process's stdio with stdout and stderr fifos, prepared: (its temp
+/// dir, the two fifos, the ProcessIo, the process's stdout and stderr).
+fn output_fifos_io() -> (tempfile::TempDir, [PathBuf; 2], ProcessIo, [OwnedFd; 2]) {
+    let d = tempfile::tempdir().unwrap();
+    let (o, e) = (d.path().join("out"), d.path().join("err"));
+    for p in [&o, &e] {
+        nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    }
+    let spec = StdioSpec {
+        stdout: o.to_string_lossy().into(),
+        stderr: e.to_string_lossy().into(),
+        ..Default::default()
+    };
+    let mut io = ProcessIo::prepare(&spec, &d.path().join("console.sock")).unwrap();
+    let [_, stdout, stderr] = io.take_fds().unwrap();
+    (d, [o, e], io, [stdout, stderr])
+}
+
+/// Reads `fifo` as containerd's CRI does for an exec: a blocking open,
+/// then everything up to end of file; gives up after 10 s.
+async fn read_fifo(fifo: &Path) -> Option<Vec<u8>> {
+    let path = fifo.to_path_buf();
+    let mut read = tokio::task::spawn_blocking(move || {
+        let mut got = Vec::new();
+        File::open(path).and_then(|mut f| f.read_to_end(&mut got)).map(|_| got)
+    });
+    match tokio::time::timeout(Duration::from_secs(10), &mut read).await {
+        Ok(r) => Some(r.unwrap().unwrap()),
+        Err(_) => {
+            // Unblocks the reader (a blocked open counts as a reader, so
+            // this open succeeds), or the runtime would wait for it.
+            drop(OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(fifo));
+            let _ = read.await;
+            None
+        }
+    }
+}
+
+#[tokio::test]
+async fn output_written_before_the_reader_opens_reaches_it_with_end_of_file() {
+    // The process writes and exits before containerd opens the fifos for
+    // reading (an ExecSync of `echo out; echo err >&2` under load).
+    let (_d, [o, e], mut io, [stdout, stderr]) = output_fifos_io();
+    File::from(stdout).write_all(b"out\n").unwrap();
+    File::from(stderr).write_all(b"err\n").unwrap();
+    io.hand_over_outputs();
+    assert_eq!(read_fifo(&o).await.as_deref(), Some(&b"out\n"[..]), "stdout");
+    assert_eq!(read_fifo(&e).await.as_deref(), Some(&b"err\n"[..]), "stderr");
+}
+
+#[tokio::test]
+async fn output_fifos_are_let_go_once_read_or_when_the_process_is_deleted() {
+    // A reader already there: the daemon's handles close at the handover,
+    // so the reader sees end of file once the process's fds close.
+    let (_d, [o, _], mut io, [stdout, stderr]) = output_fifos_io();
+    let reader = tokio::spawn({
+        let o = o.clone();
+        async move { read_fifo(&o).await }
+    });
+    File::from(stdout).write_all(b"x").unwrap();
+    drop(stderr);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    io.hand_over_outputs();
+    assert_eq!(reader.await.unwrap().as_deref(), Some(&b"x"[..]));
+    // No reader ever: deleting the process lets the fifos go (a
+    // non-blocking reader then sees no writer: end of file, not EAGAIN).
+    let (_d, [o, e], mut io, fds) = output_fifos_io();
+    drop(fds);
+    io.hand_over_outputs();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(io);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for p in [&o, &e] {
+        let mut r = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(p)
+            .unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(r.read(&mut buf).unwrap(), 0, "{} still has a writer", p.display());
+    }
+}
