@@ -22,7 +22,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{AsRawFd, BorrowedFd, OwnedFd},
     time::Duration,
 };
 
@@ -32,13 +32,14 @@ use rustix::{
 };
 
 /// A second handle on `fd` when it is a fifo (the first goes to the
-/// process); `None` for anything else (a file, `/dev/null`).
-pub(super) fn keeper(fd: &OwnedFd) -> Option<OwnedFd> {
+/// process, or to a terminal's output copier); `None` for anything else
+/// (a file, `/dev/null`).
+pub(super) fn keeper(fd: BorrowedFd<'_>) -> Option<OwnedFd> {
     let st = fstat(fd).ok()?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Fifo {
         return None;
     }
-    fd.try_clone().ok()
+    fd.try_clone_to_owned().ok()
 }
 
 /// Replaces a read-write handle on a fifo with a write-only one. The new

@@ -14,7 +14,7 @@ use std::{
     fs::{File, OpenOptions},
     io,
     os::{
-        fd::{AsRawFd, OwnedFd, RawFd},
+        fd::{AsFd, AsRawFd, OwnedFd, RawFd},
         unix::fs::{FileTypeExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
@@ -237,7 +237,10 @@ impl ProcessIo {
             r
         };
         let (stdout, stderr) = (open_output(&spec.stdout)?, open_output(&spec.stderr)?);
-        io.keepers = [&stdout, &stderr].into_iter().filter_map(fifo::keeper).collect();
+        io.keepers = [&stdout, &stderr]
+            .into_iter()
+            .filter_map(|fd| fifo::keeper(fd.as_fd()))
+            .collect();
         io.container_fds = Some([stdin, stdout, stderr]);
         Ok(io)
     }
@@ -349,6 +352,11 @@ impl ProcessIo {
             Some(f) => f,
             None => File::from(open_output(&self.spec.stdout)?),
         };
+        // The copier closes its handle when the slave side is gone, which
+        // can be before containerd opened the fifo for reading (an `exec
+        // -t` that prints and exits): kept and handed over as a plain
+        // process's output is.
+        self.keepers.extend(fifo::keeper(output.as_fd()));
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         self.output_done = Some(done_rx);
         let mut term = Terminal {
@@ -427,8 +435,9 @@ impl ProcessIo {
         self.output_done.take()
     }
 
-    /// After the process exited: lets go of the daemon's handles on its
-    /// output fifos once their reader has them open, so a reader that
+    /// After the process exited (and a terminal's output is drained, see
+    /// [`ProcessIo::output_drained`]): lets go of the daemon's handles on
+    /// its output fifos once their reader has them open, so a reader that
     /// comes after the exit still gets the output and end of file (see
     /// `fifo`). Must run inside a tokio runtime.
     pub fn hand_over_outputs(&mut self) {

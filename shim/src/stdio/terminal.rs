@@ -78,8 +78,10 @@ impl Terminal {
                         }
                     }
                 }
-                // The copy ended: the fifo closes (with `out`) and the
-                // drained signal fires.
+                // The copy ended: the fifo closes and the drained signal
+                // fires, in that order (the exit's handover of the fifo
+                // must not see this thread's handle as a reader).
+                drop(out);
                 lock(&slot).take();
             });
         }

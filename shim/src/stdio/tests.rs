@@ -307,3 +307,29 @@ async fn output_fifos_are_let_go_once_read_or_when_the_process_is_deleted() {
         assert_eq!(r.read(&mut buf).unwrap(), 0, "{} still has a writer", p.display());
     }
 }
+
+#[tokio::test]
+async fn terminal_output_copied_before_the_reader_opens_reaches_it_with_end_of_file() {
+    // `exec -t` that prints and exits before containerd opens the stdout
+    // fifo: the copier writes into the fifo and ends (the slave gone).
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out");
+    nix::unistd::mkfifo(&out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let spec = StdioSpec {
+        stdout: out.display().to_string(),
+        terminal: true,
+        ..Default::default()
+    };
+    let (master, mut slave) = pty();
+    let mut io = ProcessIo::unconnected(&spec);
+    io.copy_terminal(master, None, None).unwrap();
+    let drained = io.output_drained().unwrap();
+    slave.write_all(b"tty").unwrap();
+    drop(slave);
+    tokio::time::timeout(Duration::from_secs(5), drained)
+        .await
+        .expect("the copy ends with the slave")
+        .ok();
+    io.hand_over_outputs();
+    assert_eq!(read_fifo(&out).await.as_deref(), Some(&b"tty"[..]));
+}

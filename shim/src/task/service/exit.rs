@@ -115,12 +115,14 @@ impl Service {
                 tracing::warn!(task = %task.id, error = %crate::error::chain(&e), "killing the processes left after the init exited failed");
             }
         }
-        if let Some(io) = lock(&proc.io).as_mut() {
-            io.hand_over_outputs();
-        }
         let drained = lock(&proc.io).as_mut().and_then(ProcessIo::output_drained);
         if let Some(done) = drained {
             let _ = tokio::time::timeout(DRAIN_TIMEOUT, done).await;
+        }
+        // After the drain: a terminal's copier, still writing, would count
+        // as the fifo's reader and end the hold at once.
+        if let Some(io) = lock(&proc.io).as_mut() {
+            io.hand_over_outputs();
         }
         if let Some(io) = lock(&proc.io).as_ref() {
             io.close_stdin();
