@@ -72,8 +72,20 @@ fn qualify(field: Field, key: Option<&str>) -> String {
     }
 }
 
-fn env_key(entry: &str) -> &str {
-    entry.split_once('=').map_or(entry, |(k, _)| k)
+/// Whether the env entry `NAME=value` (or a bare `NAME`) is named `key`:
+/// its text up to the first `=` equals `key`. Checks the byte after the
+/// would-be name first, which rules out almost every other entry without
+/// searching it for `=`.
+fn env_has(entry: &str, key: &str) -> bool {
+    let (e, k) = (entry.as_bytes(), key.as_bytes());
+    let named = match e.len().cmp(&k.len()) {
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal => e == k,
+        std::cmp::Ordering::Greater => e[k.len()] == b'=' && e.starts_with(k),
+    };
+    // A name never holds `=`: an entry matched only up to a `=` in `key`
+    // has a shorter name.
+    named && !k.contains(&b'=')
 }
 
 /// Fills every absent part of a container with an empty value, as upstream

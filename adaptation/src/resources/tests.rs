@@ -216,6 +216,22 @@ proptest! {
         prop_assert_eq!(merged, overlaid);
     }
 
+    /// What the merge skips: a field the update leaves unset, overlaid and
+    /// claimed, changes neither the view nor the ownership records.
+    #[test]
+    fn an_unset_field_overlays_and_claims_nothing(before in arb_resources(), update in arb_resources()) {
+        for f in FIELDS.iter().filter(|f| !f.is_set(&update)) {
+            for rules in [Rules::Append, Rules::Replace, Rules::Keep] {
+                let mut after = before.clone();
+                f.overlay(&mut after, &update, rules);
+                prop_assert_eq!(&after, &before, "{} overlaid", f.name);
+            }
+            let mut own = api::FieldOwners::new();
+            f.claim(&update, &mut own, "10-a").unwrap();
+            prop_assert_eq!(own, api::FieldOwners::new(), "{} claimed", f.name);
+        }
+    }
+
     /// `adjust` and `convert` agree: OCI resources from NRI ones read back
     /// as the same NRI resources (the classes have no OCI form).
     #[test]

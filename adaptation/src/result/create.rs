@@ -7,7 +7,7 @@ use nri_proto::api::{self, Field};
 use protobuf::MessageField;
 
 use super::{
-    Finished, MergeError, PendingOwners, empty_adjustment, env_key, normalize_container, update::Updates, with_created,
+    Finished, MergeError, PendingOwners, empty_adjustment, env_has, normalize_container, update::Updates, with_created,
 };
 use crate::{
     resources::{self, Keyed, Rules, removal_key},
@@ -237,7 +237,7 @@ impl CreateResult {
         const MOUNTS: Keyed<api::Mount, api::Mount> = Keyed {
             field: Field::Mounts,
             key: |m| &m.destination,
-            ctr_key: |m| &m.destination,
+            ctr_has: |m, key| m.destination == key,
             to_ctr: Clone::clone,
         };
         let ctr = &mut self.request.container.mut_or_insert_default().mounts;
@@ -248,7 +248,7 @@ impl CreateResult {
         const DEVICES: Keyed<api::LinuxDevice, api::LinuxDevice> = Keyed {
             field: Field::Devices,
             key: |d| &d.path,
-            ctr_key: |d| &d.path,
+            ctr_has: |d, key| d.path == key,
             to_ctr: Clone::clone,
         };
         let ctr = &mut self
@@ -266,7 +266,7 @@ impl CreateResult {
         const ENV: Keyed<api::KeyValue, String> = Keyed {
             field: Field::Env,
             key: |e| &e.key,
-            ctr_key: |e| env_key(e),
+            ctr_has: |e, key| env_has(e, key),
             to_ctr: |e| {
                 let mut kv = String::with_capacity(e.key.len() + 1 + e.value.len());
                 kv.push_str(&e.key);

@@ -223,8 +223,30 @@ pub(crate) struct FieldTable {
     accumulated: Vec<(Field, Vec<u16>)>,
     /// Every claimed key of every compound field, in claim order. A linear
     /// scan: a merge sees tens of keys, where hashing and growing a map per
-    /// field cost more than comparing.
-    compound: Vec<(Field, String, Owner)>,
+    /// field cost more than comparing. Each key carries its [`tag`], so the
+    /// scan compares two words per entry and the key's bytes only on a match.
+    compound: Vec<Claimed>,
+}
+
+/// One claimed key of a compound field in a [`FieldTable`].
+#[derive(Debug, Clone, PartialEq)]
+struct Claimed {
+    tag: u64,
+    field: Field,
+    key: String,
+    owner: Owner,
+}
+
+/// A key's scan tag: its field and an FNV-1a hash of its bytes. Keys of
+/// one field (env names, mount destinations) often share their length and
+/// a long prefix, so comparing bytes for every entry costs a `memcmp` call
+/// each; a tag mismatch settles almost all of them in one compare.
+fn tag(field: Field, key: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ field as u64;
+    for b in key.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 impl FieldTable {
@@ -257,23 +279,32 @@ impl FieldTable {
         })
     }
 
-    fn key_index(&self, field: Field, key: &str) -> Option<usize> {
-        self.compound.iter().position(|(f, k, _)| *f == field && k == key)
+    /// The entry of `key` of `field`, found by its tag `t`.
+    fn key_index(&self, t: u64, field: Field, key: &str) -> Option<usize> {
+        self.compound
+            .iter()
+            .position(|c| c.tag == t && c.field == field && c.key == key)
     }
 
     fn set_key(&mut self, field: Field, key: &str, o: Owner) {
-        match self.key_index(field, key) {
-            Some(i) => self.compound[i].2 = o,
-            None => self.push_key(field, key, o),
+        let t = tag(field, key);
+        match self.key_index(t, field, key) {
+            Some(i) => self.compound[i].owner = o,
+            None => self.push_key(t, field, key, o),
         }
     }
 
     /// Adds a key known to be absent.
-    fn push_key(&mut self, field: Field, key: &str, o: Owner) {
+    fn push_key(&mut self, tag: u64, field: Field, key: &str, owner: Owner) {
         if self.compound.capacity() == 0 {
             self.compound.reserve(16);
         }
-        self.compound.push((field, key.to_string(), o));
+        self.compound.push(Claimed {
+            tag,
+            field,
+            key: key.to_string(),
+            owner,
+        });
     }
 
     fn set_simple(&mut self, field: Field, o: Owner) {
@@ -294,12 +325,12 @@ impl FieldTable {
             let names: Vec<&str> = ps.iter().map(|p| self.plugins[*p as usize].as_str()).collect();
             f.simple.insert(*field as i32, names.join(","));
         }
-        for (field, key, o) in &self.compound {
+        for c in &self.compound {
             f.compound
-                .entry(*field as i32)
+                .entry(c.field as i32)
                 .or_default()
                 .owners
-                .insert(key.clone(), self.name(*o));
+                .insert(c.key.clone(), self.name(c.owner));
         }
         f
     }
@@ -327,12 +358,13 @@ impl Records for FieldTable {
             plugin: me,
             cleared: false,
         };
-        match self.key_index(field, key) {
+        let t = tag(field, key);
+        match self.key_index(t, field, key) {
             Some(i) => {
-                self.check(self.compound[i].2, me, plugin, field, Some(key))?;
-                self.compound[i].2 = owner;
+                self.check(self.compound[i].owner, me, plugin, field, Some(key))?;
+                self.compound[i].owner = owner;
             }
-            None => self.push_key(field, key, owner),
+            None => self.push_key(t, field, key, owner),
         }
         Ok(())
     }

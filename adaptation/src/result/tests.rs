@@ -763,3 +763,14 @@ fn stop_container_updates_merge() {
     assert_eq!(u.len(), 1);
     assert_eq!(u[0].linux.resources.cpu.cpus, "0-3");
 }
+
+proptest::proptest! {
+    /// `env_has` names an entry exactly as its text up to the first `=`
+    /// does (entries and keys from a small alphabet, so `=`, prefixes and
+    /// equal lengths come up often).
+    #[test]
+    fn env_has_matches_the_name_before_the_first_equals(entry in "[AB=]{0,5}", key in "[AB=]{0,4}") {
+        let name = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
+        proptest::prop_assert_eq!(env_has(&entry, &key), name == key);
+    }
+}
