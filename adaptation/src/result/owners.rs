@@ -226,6 +226,9 @@ pub(crate) struct FieldTable {
     /// field cost more than comparing. Each key carries its [`tag`], so the
     /// scan compares two words per entry and the key's bytes only on a match.
     compound: Vec<Claimed>,
+    /// The text of every claimed key, one after the other: one buffer that
+    /// grows by doubling instead of an allocation per key.
+    keys: String,
 }
 
 /// One claimed key of a compound field in a [`FieldTable`].
@@ -233,7 +236,8 @@ pub(crate) struct FieldTable {
 struct Claimed {
     tag: u64,
     field: Field,
-    key: String,
+    /// Where the key's text is in [`FieldTable::keys`].
+    at: std::ops::Range<usize>,
     owner: Owner,
 }
 
@@ -283,7 +287,7 @@ impl FieldTable {
     fn key_index(&self, t: u64, field: Field, key: &str) -> Option<usize> {
         self.compound
             .iter()
-            .position(|c| c.tag == t && c.field == field && c.key == key)
+            .position(|c| c.tag == t && c.field == field && self.keys[c.at.clone()] == *key)
     }
 
     fn set_key(&mut self, field: Field, key: &str, o: Owner) {
@@ -299,10 +303,15 @@ impl FieldTable {
         if self.compound.capacity() == 0 {
             self.compound.reserve(16);
         }
+        if self.keys.capacity() == 0 {
+            self.keys.reserve(256);
+        }
+        let start = self.keys.len();
+        self.keys.push_str(key);
         self.compound.push(Claimed {
             tag,
             field,
-            key: key.to_string(),
+            at: start..self.keys.len(),
             owner,
         });
     }
@@ -330,7 +339,7 @@ impl FieldTable {
                 .entry(c.field as i32)
                 .or_default()
                 .owners
-                .insert(c.key.clone(), self.name(c.owner));
+                .insert(self.keys[c.at.clone()].to_string(), self.name(c.owner));
         }
         f
     }
