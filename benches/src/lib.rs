@@ -213,6 +213,13 @@ pub fn adaptation(dir: &Path, builtins: &[Option<usize>]) -> Adaptation {
 /// Plugin processes, killed on drop.
 pub struct Procs(pub Vec<Child>);
 
+impl Procs {
+    /// Their process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(Child::id).collect()
+    }
+}
+
 impl Drop for Procs {
     fn drop(&mut self) {
         for c in &mut self.0 {

@@ -16,7 +16,10 @@
 //!   (`adjusted`: each after the ones before it; `original`: side by
 //!   side): creates one at a time, and rounds of 50 concurrent
 //!   CreateContainer, the latency of each from its submission (p50, p99,
-//!   max).
+//!   max). For the creates one at a time it also prints the CPU time a
+//!   create costs the runtime (this process) and the plugin processes
+//!   together: what bounds the latency when the plugins outnumber the
+//!   cores.
 //!
 //! A current-thread runtime, as the shim daemon uses. Run with
 //! `cargo build --release -p nri-benches && ./target/release/nri-large-node`
@@ -204,6 +207,48 @@ fn rounds() -> usize {
         .unwrap_or(20)
 }
 
+/// CPU time process `pid` has used so far, all its threads: the first
+/// field (nanoseconds on a CPU) of each thread's `/proc/PID/task/TID/schedstat`.
+fn cpu(pid: u32) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .sum()
+}
+
+/// CPU time used so far by the runtime (this process) and by the plugin
+/// processes.
+struct CpuSplit {
+    runtime: Duration,
+    plugins: Duration,
+}
+
+impl CpuSplit {
+    fn now(pids: &[u32]) -> Self {
+        CpuSplit {
+            runtime: cpu(std::process::id()),
+            plugins: pids.iter().map(|p| cpu(*p)).sum(),
+        }
+    }
+
+    /// The CPU time each of `creates` creates cost since `self` was read,
+    /// as `cpu per create: runtime X us, plugins Y us`.
+    fn per_create(&self, pids: &[u32], creates: usize) -> String {
+        let end = CpuSplit::now(pids);
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / creates as f64;
+        format!(
+            "cpu per create: runtime {:.0} us, plugins {:.0} us",
+            us(end.runtime.saturating_sub(self.runtime)),
+            us(end.plugins.saturating_sub(self.plugins))
+        )
+    }
+}
+
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -307,22 +352,26 @@ fn main() {
         r
     };
     let mut k = 0;
-    // One create at a time: its latency (warmed up first).
-    let single = |k: &mut usize| {
+    // One create at a time: its latency, and the CPU time it costs the
+    // runtime and the plugin processes `pids`.
+    let single = |k: &mut usize, pids: &[u32]| {
         let mut lat = Vec::new();
-        for _ in 0..(5 * n).max(20) {
+        let creates = (5 * n).max(20);
+        let before = CpuSplit::now(pids);
+        for _ in 0..creates {
             *k += 1;
             let r = request(*k);
             let t0 = Instant::now();
             rt.block_on(nri.create_container(r)).unwrap();
             lat.push(t0.elapsed());
         }
+        let cpu = before.per_create(pids, creates);
         lat.sort();
-        lat
+        (lat, cpu)
     };
     // One plugin process: the round trip a create costs at least.
     let one = rt.block_on(spawn_plugins(&bin, &nri, &sock, &[Some(0)]));
-    let rtt = single(&mut k);
+    let (rtt, rtt_cpu) = single(&mut k, &one.pids());
     drop(one);
     rt.block_on(async {
         while !nri.plugin_names().is_empty() {
@@ -330,7 +379,7 @@ fn main() {
         }
     });
     println!(
-        "large_node/create    1 plugin, one at a time: p50 {}  p99 {}",
+        "large_node/create    1 plugin, one at a time: p50 {}  p99 {}   {rtt_cpu}",
         ms(pct(&rtt, 50)),
         ms(pct(&rtt, 99)),
     );
@@ -341,7 +390,7 @@ fn main() {
         let mut opts = (*nri.options()).clone();
         opts.default_view = view;
         rt.block_on(nri.reconfigure(opts)).expect("reconfigure");
-        let one_at_a_time = single(&mut k);
+        let (one_at_a_time, one_cpu) = single(&mut k, &procs.pids());
         let mut lat = Vec::new();
         let t_all = Instant::now();
         for _ in 0..n {
@@ -370,7 +419,7 @@ fn main() {
         lat.sort();
         let view_name = format!("{view:?}").to_lowercase();
         println!(
-            "large_node/create    {PLUGINS} plugins, view {view_name}: one at a time p50 {}  p99 {} ({:.1}x the 1-plugin p50)   \
+            "large_node/create    {PLUGINS} plugins, view {view_name}: one at a time p50 {}  p99 {} ({:.1}x the 1-plugin p50, {one_cpu})   \
              {CONCURRENT} concurrent: p50 {}  p99 {}  max {}   ({} creates, {:.0}/s)",
             ms(pct(&one_at_a_time, 50)),
             ms(pct(&one_at_a_time, 99)),
