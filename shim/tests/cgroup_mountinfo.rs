@@ -1,0 +1,109 @@
+//! libcgroups patch 4 (`patches/libcgroups/PATCHES.md`): a cgroup v1
+//! manager resolves every subsystem from one read of
+//! `/proc/self/mountinfo`, to the same mount points as the per-subsystem
+//! reads did. On a node the mount table grows with every container (its
+//! overlay, shm and netns mounts), and each read the kernel renders whole;
+//! the shim builds managers at every create and delete, and containerd runs
+//! its `delete` action after each task delete, which built three.
+//!
+//! Root only (it mounts, in a mount namespace of its own).
+
+use std::{path::Path, process::Command};
+
+use libcgroups::v1::{ControllerType, Manager, util};
+
+const ALL: [ControllerType; 12] = [
+    ControllerType::Cpu,
+    ControllerType::CpuAcct,
+    ControllerType::CpuSet,
+    ControllerType::Devices,
+    ControllerType::HugeTlb,
+    ControllerType::Pids,
+    ControllerType::PerfEvent,
+    ControllerType::Memory,
+    ControllerType::Blkio,
+    ControllerType::NetworkPriority,
+    ControllerType::NetworkClassifier,
+    ControllerType::Freezer,
+];
+
+/// Bytes this process has read so far (`rchar` of `/proc/self/io`).
+fn bytes_read() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").expect("read /proc/self/io");
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("rchar in /proc/self/io")
+}
+
+#[test]
+fn the_mount_points_resolved_from_one_read_are_the_per_subsystem_ones() {
+    let mounts = util::cgroup_mounts().expect("cgroup mounts");
+    for c in ALL {
+        let one = util::find_subsystem_mount_point(&mounts, &c).ok();
+        let own = util::get_subsystem_mount_point(&c).ok();
+        assert_eq!(one, own, "mount point of {c}");
+    }
+    assert_eq!(
+        util::hierarchies_without_controllers(&mounts),
+        util::list_hierarchies_without_controllers().expect("hierarchies"),
+    );
+}
+
+/// The child's part of the test below: run by it in a mount namespace of
+/// its own (ignored when run directly).
+#[test]
+#[ignore = "run by a_manager_reads_the_mount_table_once, in a mount namespace of its own"]
+fn manager_reads_in_a_large_mount_table() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A node-sized mount table: 400 more entries.
+    for _ in 0..400 {
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=4k,mode=0755"),
+        )
+        .expect("mount a tmpfs");
+    }
+    let table = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .len() as u64;
+    let before = bytes_read();
+    let manager = Manager::new(Path::new("nri-shim-test/mountinfo"));
+    let read = bytes_read() - before;
+    assert!(manager.is_ok(), "{:?}", manager.err());
+    println!("mount table {table} bytes; Manager::new read {read} bytes");
+    // One read of the table, /proc/self/cgroup and the first rchar read;
+    // per-subsystem reads cost a whole table for each subsystem mounted
+    // nowhere and one for the hierarchies without controllers.
+    assert!(
+        read < 2 * table,
+        "Manager::new read {read} bytes, more than one mount table ({table} bytes) and a little"
+    );
+}
+
+#[test]
+fn a_manager_reads_the_mount_table_once() {
+    let me = std::env::current_exe().expect("test binary");
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private"])
+        .arg(&me)
+        .args([
+            "--exact",
+            "manager_reads_in_a_large_mount_table",
+            "--ignored",
+            "--nocapture",
+        ])
+        .output()
+        .expect("run unshare (util-linux)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+    println!("{text}");
+}
