@@ -9,7 +9,7 @@
 //! `containerd-shim-runc-v2` per pod; nri-shim: its daemon and helpers),
 //! their container processes (pause and `sleep`) counted apart, and the
 //! teardown time (StopPodSandbox and RemovePodSandbox of every pod, in the
-//! same mode).
+//! same mode) with the median and slowest of each of those two calls.
 //!
 //! The nri-shim binary is `$NRI_SHIM_BIN`, or the `dist` build (the node
 //! artifact) in this target directory: `benches/density.sh` builds it and
@@ -225,9 +225,27 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
     );
     println!("{label} container processes       {:8}", f.containers);
     let ids: Vec<String> = std::mem::take(&mut *ids.lock().unwrap());
+    // Each pod's StopPodSandbox and RemovePodSandbox, timed apart.
+    let calls = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
     let took = run_all(ids.len(), concurrent, |i| {
-        let (mut c, pod) = (client.clone(), ids[i].clone());
-        async move { c.remove_pod(&pod).await }
+        let (mut c, pod, calls) = (client.clone(), ids[i].clone(), calls.clone());
+        async move {
+            let t = Instant::now();
+            c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StopPodSandbox {pod}: {e}"));
+            let stopped = t.elapsed();
+            c.rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("RemovePodSandbox {pod}: {e}"));
+            let mut calls = calls.lock().unwrap();
+            calls.0.push(stopped);
+            calls.1.push(t.elapsed() - stopped);
+        }
     })
     .await;
     println!(
@@ -235,6 +253,15 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
         took.as_secs_f64(),
         took.as_secs_f64() * 1000.0 / n as f64
     );
+    let (mut stop, mut remove) = std::mem::take(&mut *calls.lock().unwrap());
+    for (name, d) in [("StopPodSandbox", &mut stop), ("RemovePodSandbox", &mut remove)] {
+        d.sort();
+        println!(
+            "{label} {name:<25} median {:.3} s, slowest {:.3} s",
+            d[d.len() / 2].as_secs_f64(),
+            d.last().unwrap().as_secs_f64()
+        );
+    }
     let left = client
         .clone()
         .rt
