@@ -230,21 +230,10 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
     let took = run_all(ids.len(), concurrent, |i| {
         let (mut c, pod, calls) = (client.clone(), ids[i].clone(), calls.clone());
         async move {
-            let t = Instant::now();
-            c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
-                pod_sandbox_id: pod.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("StopPodSandbox {pod}: {e}"));
-            let stopped = t.elapsed();
-            c.rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
-                pod_sandbox_id: pod.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RemovePodSandbox {pod}: {e}"));
+            let (stop, remove) = c.remove_pod_timed(&pod).await;
             let mut calls = calls.lock().unwrap();
-            calls.0.push(stopped);
-            calls.1.push(t.elapsed() - stopped);
+            calls.0.push(stop);
+            calls.1.push(remove);
         }
     })
     .await;

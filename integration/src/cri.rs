@@ -1008,18 +1008,27 @@ impl Client {
 
     /// StopPodSandbox and RemovePodSandbox; panics if either fails.
     pub async fn remove_pod(&mut self, id: &str) {
+        self.remove_pod_timed(id).await;
+    }
+
+    /// [`Client::remove_pod`], returning how long StopPodSandbox and
+    /// RemovePodSandbox each took (the density bench reports them apart).
+    pub async fn remove_pod_timed(&mut self, id: &str) -> (Duration, Duration) {
+        let t = Instant::now();
         self.rt
             .stop_pod_sandbox(api::StopPodSandboxRequest {
                 pod_sandbox_id: id.into(),
             })
             .await
             .unwrap_or_else(|e| panic!("StopPodSandbox {id}: {e}"));
+        let stopped = t.elapsed();
         self.rt
             .remove_pod_sandbox(api::RemovePodSandboxRequest {
                 pod_sandbox_id: id.into(),
             })
             .await
             .unwrap_or_else(|e| panic!("RemovePodSandbox {id}: {e}"));
+        (stopped, t.elapsed() - stopped)
     }
 }
 

@@ -222,31 +222,9 @@ fn cpu(pid: u32) -> Duration {
 }
 
 /// CPU time used so far by the runtime (this process) and by the plugin
-/// processes.
-struct CpuSplit {
-    runtime: Duration,
-    plugins: Duration,
-}
-
-impl CpuSplit {
-    fn now(pids: &[u32]) -> Self {
-        CpuSplit {
-            runtime: cpu(std::process::id()),
-            plugins: pids.iter().map(|p| cpu(*p)).sum(),
-        }
-    }
-
-    /// The CPU time each of `creates` creates cost since `self` was read,
-    /// as `cpu per create: runtime X us, plugins Y us`.
-    fn per_create(&self, pids: &[u32], creates: usize) -> String {
-        let end = CpuSplit::now(pids);
-        let us = |d: Duration| d.as_secs_f64() * 1e6 / creates as f64;
-        format!(
-            "cpu per create: runtime {:.0} us, plugins {:.0} us",
-            us(end.runtime.saturating_sub(self.runtime)),
-            us(end.plugins.saturating_sub(self.plugins))
-        )
-    }
+/// processes `pids`: (runtime, plugins).
+fn cpu_split(pids: &[u32]) -> (Duration, Duration) {
+    (cpu(std::process::id()), pids.iter().map(|p| cpu(*p)).sum())
 }
 
 fn load() -> String {
@@ -357,7 +335,7 @@ fn main() {
     let single = |k: &mut usize, pids: &[u32]| {
         let mut lat = Vec::new();
         let creates = (5 * n).max(20);
-        let before = CpuSplit::now(pids);
+        let (runtime, plugins) = cpu_split(pids);
         for _ in 0..creates {
             *k += 1;
             let r = request(*k);
@@ -365,7 +343,13 @@ fn main() {
             rt.block_on(nri.create_container(r)).unwrap();
             lat.push(t0.elapsed());
         }
-        let cpu = before.per_create(pids, creates);
+        let (runtime_end, plugins_end) = cpu_split(pids);
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / creates as f64;
+        let cpu = format!(
+            "cpu per create: runtime {:.0} us, plugins {:.0} us",
+            us(runtime_end.saturating_sub(runtime)),
+            us(plugins_end.saturating_sub(plugins))
+        );
         lat.sort();
         (lat, cpu)
     };
