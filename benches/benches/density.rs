@@ -4,7 +4,7 @@
 //! sequentially and 10 at a time (`NRI_DENSITY_CONCURRENCY`). For each
 //! handler and mode it prints the wall time until all N containers are
 //! RUNNING (from the first RunPodSandbox), the median and slowest
-//! RunPodSandbox, the process count and the summed RSS and PSS of the
+//! RunPodSandbox, CreateContainer and StartContainer, the process count and the summed RSS and PSS of the
 //! handler's shim processes while the N pods run (runc: one
 //! `containerd-shim-runc-v2` per pod; nri-shim: its daemon and helpers),
 //! their container processes (pause and `sleep`) counted apart, and the
@@ -190,15 +190,26 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
         .map(|i| cri.pod_config(&format!("density-{tag}-{n}-{i}"), "density", handler, |_| {}))
         .collect();
     let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let run_pod = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Each pod's RunPodSandbox, CreateContainer and StartContainer.
+    let start_calls = std::sync::Arc::new(std::sync::Mutex::new([Vec::new(), Vec::new(), Vec::new()]));
     let took = run_all(n, concurrent, |i| {
-        let (mut c, cfg, ids, run_pod) = (client.clone(), cfgs[i].clone(), ids.clone(), run_pod.clone());
+        let (mut c, cfg, ids, calls) = (client.clone(), cfgs[i].clone(), ids.clone(), start_calls.clone());
         async move {
             let t = Instant::now();
             let pod = c.run_pod(&cfg, handler).await;
-            run_pod.lock().unwrap().push(t.elapsed());
-            c.create_running(&pod, &cfg, container("c", &["sleep", "100000"]), POD_TIMEOUT)
+            let ran = t.elapsed();
+            let t = Instant::now();
+            let id = c.create(&pod, &cfg, container("c", &["sleep", "100000"])).await;
+            let created = t.elapsed();
+            let t = Instant::now();
+            c.start(&id).await;
+            let started = t.elapsed();
+            c.wait_state(&id, api::ContainerState::ContainerRunning, POD_TIMEOUT)
                 .await;
+            let mut calls = calls.lock().unwrap();
+            calls[0].push(ran);
+            calls[1].push(created);
+            calls[2].push(started);
             ids.lock().unwrap().push(pod);
         }
     })
@@ -208,13 +219,18 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
         took.as_secs_f64(),
         took.as_secs_f64() * 1000.0 / n as f64
     );
-    let mut run_pod = std::mem::take(&mut *run_pod.lock().unwrap());
-    run_pod.sort();
-    println!(
-        "{label} RunPodSandbox             median {:.2} s, slowest {:.2} s",
-        run_pod[run_pod.len() / 2].as_secs_f64(),
-        run_pod.last().unwrap().as_secs_f64()
-    );
+    let start_calls = std::mem::take(&mut *start_calls.lock().unwrap());
+    for (name, mut d) in ["RunPodSandbox", "CreateContainer", "StartContainer"]
+        .into_iter()
+        .zip(start_calls)
+    {
+        d.sort();
+        println!(
+            "{label} {name:<25} median {:.3} s, slowest {:.3} s",
+            d[d.len() / 2].as_secs_f64(),
+            d.last().unwrap().as_secs_f64()
+        );
+    }
     let f = footprint(handler, &cri.sock);
     println!(
         "{label} shim processes            {:8}    RSS {:7.1} MiB  PSS {:7.1} MiB  ({:.2} MiB RSS/pod)",
