@@ -1154,3 +1154,60 @@ async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
     }
     f.nri.stop().await;
 }
+
+/// libcontainer's recorded status of container `id`.
+fn libcontainer_status(f: &Fixture, id: &str) -> String {
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.state_dir(id).join("state.json")).unwrap()).unwrap();
+    state["status"].as_str().unwrap().to_string()
+}
+
+/// Start runs in the daemon unless the spec has OCI poststart hooks, which
+/// go through libcontainer's start in a helper: either way the init execs,
+/// libcontainer's state says `running` (its kill and delete read it), and
+/// a poststart hook runs after the start with the container's state on
+/// its stdin, as the OCI runtime spec has it.
+#[tokio::test(flavor = "current_thread")]
+async fn start_records_running_with_and_without_poststart_hooks() {
+    let f = Fixture::new().await;
+    f.create("plain", &["/bin/sleep", "30"]).await.unwrap();
+    assert_eq!(libcontainer_status(&f, "plain"), "created");
+    f.service.start("test", "plain", "").await.unwrap();
+    assert_eq!(libcontainer_status(&f, "plain"), "running");
+
+    let bundle = f.bundle("hooked", &["/bin/sleep", "30"]);
+    let out = f.dir.path().join("poststart-state");
+    let config = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    spec["hooks"] = serde_json::json!({"poststart": [
+        {"path": "/bin/sh", "args": ["sh", "-c", format!("cat > {}", out.display())]}
+    ]});
+    std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+    f.create_bundle("hooked", bundle).await.unwrap();
+    assert!(!out.exists(), "the poststart hook ran before the start");
+    f.service.start("test", "hooked", "").await.unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(state["id"], "hooked", "{state}");
+    assert_eq!(state["status"], "running", "{state}");
+    assert_eq!(libcontainer_status(&f, "hooked"), "running");
+
+    for id in ["plain", "hooked"] {
+        // Both inits exec sleep (the start reached them; the exec itself
+        // follows the start's return).
+        let pid = f.service.state("test", id, "").await.unwrap().pid;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+            if comm.trim() == "sleep" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{id}: init is still {comm:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        f.service.kill("test", id, "", 9, false).await.unwrap();
+        f.service.wait("test", id, "").await.unwrap();
+        f.service.delete("test", id, "").await.unwrap();
+        assert!(!f.state_dir(id).exists(), "{id}: libcontainer state left");
+    }
+    f.nri.stop().await;
+}

@@ -116,18 +116,38 @@ impl Response {
     pub fn into_result(self) -> Result<Option<i32>, ShimError> {
         match self {
             Response::Ok { pid } => Ok(pid),
-            Response::Err { kind, message } => Err(match kind {
-                FailureKind::NotFound => ShimError::NotFound(message),
-                FailureKind::AlreadyExists => ShimError::AlreadyExists(message),
-                FailureKind::InvalidArgument => ShimError::InvalidArgument(message),
-                FailureKind::FailedPrecondition => ShimError::FailedPrecondition(message),
-                FailureKind::Other => ShimError::Runtime(message),
-            }),
+            Response::Err { kind, message } => Err(kind.error(message)),
         }
     }
 }
 
+impl FailureKind {
+    /// The daemon-side error of this class.
+    fn error(self, message: String) -> ShimError {
+        match self {
+            FailureKind::NotFound => ShimError::NotFound(message),
+            FailureKind::AlreadyExists => ShimError::AlreadyExists(message),
+            FailureKind::InvalidArgument => ShimError::InvalidArgument(message),
+            FailureKind::FailedPrecondition => ShimError::FailedPrecondition(message),
+            FailureKind::Other => ShimError::Runtime(message),
+        }
+    }
+}
+
+/// A libcontainer error as the daemon reports it, classed as a helper's
+/// [`Response::Err`] is (see [`Response::into_result`]): the same error
+/// reads the same whichever process met it.
+pub fn libcontainer_error(e: libcontainer::error::LibcontainerError) -> ShimError {
+    let (kind, message) = classify(e);
+    kind.error(message)
+}
+
 fn failure(e: libcontainer::error::LibcontainerError) -> Response {
+    let (kind, message) = classify(e);
+    Response::Err { kind, message }
+}
+
+fn classify(e: libcontainer::error::LibcontainerError) -> (FailureKind, String) {
     use libcontainer::error::LibcontainerError as E;
     let kind = match &e {
         E::Exist => FailureKind::AlreadyExists,
@@ -138,10 +158,7 @@ fn failure(e: libcontainer::error::LibcontainerError) -> Response {
         }
         _ => FailureKind::Other,
     };
-    Response::Err {
-        kind,
-        message: chain(&e),
-    }
+    (kind, chain(&e))
 }
 
 /// Takes ownership of an inherited fd number.

@@ -9,3 +9,4 @@ pub mod helper;
 pub mod idmap;
 pub mod record;
 pub mod runner;
+pub mod start;

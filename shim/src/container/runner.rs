@@ -209,6 +209,15 @@ impl Runner for HelperRunner {
     }
 
     async fn start(&self, id: &str) -> Result<()> {
+        // In the daemon unless OCI poststart hooks need libcontainer's
+        // start (see crate::container::start).
+        let (root, owned) = (self.libcontainer_root(), id.to_string());
+        let started = tokio::task::spawn_blocking(move || crate::container::start::start_in_daemon(&root, &owned))
+            .await
+            .map_err(|e| ShimError::Runtime(format!("start {id}: {e}")))??;
+        if started == crate::container::start::Started::Done {
+            return Ok(());
+        }
         helper::call_without_stdio(
             &self.exe,
             &helper::Request::Start {
