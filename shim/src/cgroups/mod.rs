@@ -3,7 +3,8 @@
 //! I/O: the daemon reaches it through [`Cgroup::off_runtime`]. The forms of
 //! `linux.cgroupsPath` and the driver rules are in [`path`], the metrics in
 //! [`metrics`] (v1) and [`v2`], the runtime options that pick the driver
-//! in [`options`]. May use only `error` and `container::runner::Target`.
+//! in [`options`]; priming the kernel's attach lock before a create in
+//! [`prime`]. May use only `error` and `container::runner::Target`.
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +14,7 @@ use oci_spec::runtime::LinuxResources;
 pub mod metrics;
 pub mod options;
 pub mod path;
+pub mod prime;
 pub mod threaded;
 pub mod v2;
 

@@ -332,6 +332,11 @@ async fn serve(
                     // `start` probes before printing the address: the client
                     // that follows must find the daemon still here.
                     accepted.touch();
+                    // A connection is the first sign of a coming create
+                    // (start's probe, then containerd's dial): the grace
+                    // period of its cgroup migration can start now (see
+                    // crate::cgroups::prime).
+                    crate::cgroups::prime::prime();
                     if let Ok(mut w) = watch.lock() {
                         w.check();
                     }

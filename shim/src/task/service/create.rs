@@ -106,6 +106,9 @@ impl Service {
     /// stdio, [`crate::error::ShimError::Runtime`] when the runner fails.
     pub async fn create(&self, ns: &str, req: task_api::CreateTaskRequest) -> Result<task_api::CreateTaskResponse> {
         let reservation = self.inner.tasks.reserve(ns, &req.id)?;
+        // The container's cgroup migration comes in a few ms: its grace
+        // period starts now (see crate::cgroups::prime).
+        crate::cgroups::prime::prime();
         let log_key = format!("{ns}/{}", req.id);
         // The Create `start` was run for has come (see crate::node::claim),
         // and the task's log fifo is attached: an unlink and an open in

@@ -27,6 +27,9 @@ impl Service {
             .get()
             .exec_into()
             .map_err(|e| task.refused(&task.init, e))?;
+        // The process joins the container's cgroup at its Start (see
+        // crate::cgroups::prime).
+        crate::cgroups::prime::prime();
         let mut spec: serde_json::Value = serde_json::from_slice(&req.spec.value)
             .map_err(|e| ShimError::InvalidArgument(format!("exec {} process spec: {e}", req.exec_id)))?;
         bundle::merge_exec_env(&task.env, &mut spec);
