@@ -15,12 +15,14 @@
 //! node's choice, not the runtime's.)
 //!
 //! So when a create or an exec arrives, the daemon starts such a write
-//! itself, on a blocking thread, without waiting for it: it writes `0`
-//! (the writing process) to the `cgroup.procs` of the cgroup the daemon is
-//! in already, which the kernel carries out as a move to the same cgroup,
-//! changing nothing. The grace period then passes while the bundle is
-//! written and the helper process starts, instead of after. At most one
-//! such write is in flight at a time.
+//! itself, on a blocking thread, without waiting for it: that thread
+//! writes its own thread id to the thread list (`cgroup.threads` on v2,
+//! `tasks` on v1) of the cgroup it is in already, which the kernel carries
+//! out as a move of that one thread to the same cgroup, changing nothing.
+//! (A thread id takes the lock; `0`, meaning the writer, would not.) The
+//! grace period then passes while the bundle is written and the helper
+//! process starts, instead of after. At most one such write is in flight
+//! at a time.
 
 use std::{
     path::{Path, PathBuf},
@@ -30,25 +32,25 @@ use std::{
     },
 };
 
-/// A cgroup hierarchy the daemon's own cgroup is found in.
+/// A cgroup hierarchy the priming thread's own cgroup is found in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hierarchy {
     /// Where it is mounted.
     pub mount_point: PathBuf,
     /// The cgroup mounted there (mountinfo's root field; `/` normally).
     pub root: PathBuf,
-    /// Its line in `/proc/self/cgroup`: `None` for the unified (v2)
+    /// Its line in `/proc/<tid>/cgroup`: `None` for the unified (v2)
     /// hierarchy (`0::<path>`), else the v1 controller named there.
     pub controller: Option<String>,
 }
 
 impl Hierarchy {
-    /// The `cgroup.procs` file of the cgroup `proc_self_cgroup` (the text
-    /// of `/proc/self/cgroup`) places the process in, within this
-    /// hierarchy; `None` when the process's line is missing or its cgroup
-    /// lies outside what is mounted.
-    pub fn own_procs(&self, proc_self_cgroup: &str) -> Option<PathBuf> {
-        let path = proc_self_cgroup.lines().find_map(|l| {
+    /// The thread list (`cgroup.threads` on v2, `tasks` on v1) of the
+    /// cgroup that `thread_cgroup` (the text of `/proc/thread-self/cgroup`)
+    /// places the thread in, within this hierarchy; `None` when the
+    /// thread's line is missing or its cgroup lies outside what is mounted.
+    pub fn own_threads(&self, thread_cgroup: &str) -> Option<PathBuf> {
+        let path = thread_cgroup.lines().find_map(|l| {
             let mut f = l.splitn(3, ':');
             let (id, controllers, path) = (f.next()?, f.next()?, f.next()?);
             let hit = match &self.controller {
@@ -58,7 +60,12 @@ impl Hierarchy {
             hit.then_some(path)
         })?;
         let rel = Path::new(path).strip_prefix(&self.root).ok()?;
-        Some(self.mount_point.join(rel).join("cgroup.procs"))
+        let list = if self.controller.is_none() {
+            "cgroup.threads"
+        } else {
+            "tasks"
+        };
+        Some(self.mount_point.join(rel).join(list))
     }
 }
 
@@ -157,19 +164,20 @@ fn hierarchy() -> Option<&'static Hierarchy> {
     .as_ref()
 }
 
-/// Moves this process to the cgroup it is in, in the picked hierarchy
-/// (blocking: it waits out the grace period). Returns the file written.
+/// Moves the calling thread to the cgroup it is in, in the picked
+/// hierarchy (blocking: it waits out the grace period). Returns the file
+/// written.
 ///
 /// # Errors
 /// When no hierarchy or own cgroup is found, or the write fails.
 pub fn prime_now() -> std::io::Result<PathBuf> {
     let none = || std::io::Error::new(std::io::ErrorKind::NotFound, "no own cgroup found");
     let h = hierarchy().ok_or_else(none)?;
-    let procs = h
-        .own_procs(&std::fs::read_to_string("/proc/self/cgroup")?)
+    let list = h
+        .own_threads(&std::fs::read_to_string("/proc/thread-self/cgroup")?)
         .ok_or_else(none)?;
-    std::fs::write(&procs, "0")?;
-    Ok(procs)
+    std::fs::write(&list, rustix::thread::gettid().as_raw_nonzero().to_string())?;
+    Ok(list)
 }
 
 /// Starts [`prime_now`] on a blocking thread of the current tokio runtime
@@ -208,8 +216,8 @@ mod tests {
         assert_eq!(h.controller, None);
         let own = "9:name=systemd:/a\n8:pids:/b\n0::/system.slice/containerd.service\n";
         assert_eq!(
-            h.own_procs(own).unwrap(),
-            Path::new("/sys/fs/cgroup/unified/system.slice/containerd.service/cgroup.procs")
+            h.own_threads(own).unwrap(),
+            Path::new("/sys/fs/cgroup/unified/system.slice/containerd.service/cgroup.threads")
         );
     }
 
@@ -223,8 +231,8 @@ mod tests {
         let h = pick_hierarchy(&v1).unwrap();
         assert_eq!(h.mount_point, Path::new("/sys/fs/cgroup/pids"));
         assert_eq!(
-            h.own_procs("8:pids:/kubepods/x\n1:cpu,cpuacct:/y\n").unwrap(),
-            Path::new("/sys/fs/cgroup/pids/kubepods/x/cgroup.procs")
+            h.own_threads("8:pids:/kubepods/x\n1:cpu,cpuacct:/y\n").unwrap(),
+            Path::new("/sys/fs/cgroup/pids/kubepods/x/tasks")
         );
         let no_pids: String = v1
             .lines()
@@ -235,8 +243,8 @@ mod tests {
         assert_eq!(h.controller.as_deref(), Some("cpu"));
         // A v1 controller line lists several controllers.
         assert_eq!(
-            h.own_procs("1:cpu,cpuacct:/y\n").unwrap(),
-            Path::new("/sys/fs/cgroup/cpu,cpuacct/y/cgroup.procs")
+            h.own_threads("1:cpu,cpuacct:/y\n").unwrap(),
+            Path::new("/sys/fs/cgroup/cpu,cpuacct/y/tasks")
         );
         assert_eq!(pick_hierarchy("22 27 0:21 / /proc rw - proc proc rw\n"), None);
     }
@@ -247,11 +255,11 @@ mod tests {
     fn a_mounted_sub_cgroup_maps_only_what_lies_below_it() {
         let h = pick_hierarchy("40 30 0:26 /kubepods /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n").unwrap();
         assert_eq!(
-            h.own_procs("0::/kubepods/pod1\n").unwrap(),
-            Path::new("/sys/fs/cgroup/pod1/cgroup.procs")
+            h.own_threads("0::/kubepods/pod1\n").unwrap(),
+            Path::new("/sys/fs/cgroup/pod1/cgroup.threads")
         );
-        assert_eq!(h.own_procs("0::/system.slice/x\n"), None);
-        assert_eq!(h.own_procs("8:pids:/a\n"), None);
+        assert_eq!(h.own_threads("0::/system.slice/x\n"), None);
+        assert_eq!(h.own_threads("8:pids:/a\n"), None);
     }
 
     #[test]
@@ -260,19 +268,19 @@ mod tests {
         assert_eq!(h.mount_point, Path::new("/mnt/cg two"));
     }
 
-    /// On this host: the write lands in the cgroup this process is in, and
-    /// leaves it there.
+    /// On this host: the write lands in the thread list of the cgroup
+    /// this thread is in, and leaves it there.
     #[test]
-    fn priming_leaves_the_process_in_its_cgroup() {
-        let before = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    fn priming_leaves_the_thread_in_its_cgroup() {
+        let before = std::fs::read_to_string("/proc/thread-self/cgroup").unwrap();
         let file = prime_now().expect("this host mounts a cgroup hierarchy");
-        assert!(file.ends_with("cgroup.procs"), "{}", file.display());
+        let tid = rustix::thread::gettid().as_raw_nonzero().to_string();
         let listed = std::fs::read_to_string(&file).unwrap();
         assert!(
-            listed.lines().any(|p| p == std::process::id().to_string()),
-            "{} does not list this process",
+            listed.lines().any(|p| p == tid),
+            "{} does not list this thread {tid}",
             file.display()
         );
-        assert_eq!(std::fs::read_to_string("/proc/self/cgroup").unwrap(), before);
+        assert_eq!(std::fs::read_to_string("/proc/thread-self/cgroup").unwrap(), before);
     }
 }
