@@ -1166,9 +1166,10 @@ fn libcontainer_status(f: &Fixture, id: &str) -> String {
 /// go through libcontainer's start in a helper: either way the init execs,
 /// libcontainer's state says `running` (its kill and delete read it), and
 /// a poststart hook runs after the start with the container's state on
-/// its stdin, as the OCI runtime spec has it.
+/// its stdin, as the OCI runtime spec has it. The delete, in the daemon,
+/// runs a poststop hook the same way.
 #[tokio::test(flavor = "current_thread")]
-async fn start_records_running_with_and_without_poststart_hooks() {
+async fn start_and_delete_in_the_daemon_run_oci_hooks() {
     let f = Fixture::new().await;
     f.create("plain", &["/bin/sleep", "30"]).await.unwrap();
     assert_eq!(libcontainer_status(&f, "plain"), "created");
@@ -1179,9 +1180,11 @@ async fn start_records_running_with_and_without_poststart_hooks() {
     let out = f.dir.path().join("poststart-state");
     let config = bundle.join("config.json");
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
-    spec["hooks"] = serde_json::json!({"poststart": [
-        {"path": "/bin/sh", "args": ["sh", "-c", format!("cat > {}", out.display())]}
-    ]});
+    let stopped = f.dir.path().join("poststop-state");
+    spec["hooks"] = serde_json::json!({
+        "poststart": [{"path": "/bin/sh", "args": ["sh", "-c", format!("cat > {}", out.display())]}],
+        "poststop": [{"path": "/bin/sh", "args": ["sh", "-c", format!("cat > {}", stopped.display())]}]
+    });
     std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
     f.create_bundle("hooked", bundle).await.unwrap();
     assert!(!out.exists(), "the poststart hook ran before the start");
@@ -1209,5 +1212,8 @@ async fn start_records_running_with_and_without_poststart_hooks() {
         f.service.delete("test", id, "").await.unwrap();
         assert!(!f.state_dir(id).exists(), "{id}: libcontainer state left");
     }
+    // The poststop hook ran at the delete, with the container's state.
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(&stopped).unwrap()).unwrap();
+    assert_eq!(state["id"], "hooked", "{state}");
     f.nri.stop().await;
 }

@@ -318,6 +318,21 @@ fn apply_runc_v2_rules(id: &str, bundle: &Path) -> Result<(), ShimError> {
     crate::cgroups::Cgroup::open(path, id)?.apply_runc_v2_rules(resources)
 }
 
+/// Deletes container `id` as [`Request::Delete`] does, in the calling
+/// process, which may have other threads: libcontainer's delete clones
+/// no process and never changes directory (its only children are OCI
+/// poststop hooks, spawned with std's `Command`, which is safe there).
+/// Blocking (the cgroup removal waits up to
+/// [`crate::cgroups::REMOVE_PATIENCE`]): call it off the async runtime,
+/// with stray reaping held off ([`crate::task::monitor::InFlight`]) so a
+/// hook's exit status stays for libcontainer's wait.
+///
+/// # Errors
+/// As the helper's delete reports them (see [`Response::into_result`]).
+pub fn delete_here(id: &str, root: &Path, force: bool, cgroups_path: Option<&Path>) -> Result<(), ShimError> {
+    delete(id, root, force, cgroups_path).into_result().map(drop)
+}
+
 /// Runs `req` in this process. Only for a process that has no other
 /// threads (the `delete` action); the daemon uses [`call`].
 pub fn run_inline(req: Request) -> Response {

@@ -257,17 +257,19 @@ impl Runner for HelperRunner {
     }
 
     async fn delete(&self, id: &str, cgroups_path: Option<&Path>) -> Result<()> {
-        helper::call_without_stdio(
-            &self.exe,
-            &helper::Request::Delete {
-                id: id.to_string(),
-                root: self.libcontainer_root(),
-                force: true,
-                cgroups_path: cgroups_path.map(Path::to_path_buf),
-            },
-        )
-        .await
-        .map(drop)
+        // In the daemon, without a helper process (see helper::delete_here).
+        let (root, owned, cgroups_path) = (
+            self.libcontainer_root(),
+            id.to_string(),
+            cgroups_path.map(Path::to_path_buf),
+        );
+        let in_flight = crate::task::monitor::InFlight::new();
+        let r = tokio::task::spawn_blocking(move || helper::delete_here(&owned, &root, true, cgroups_path.as_deref()))
+            .await;
+        drop(in_flight);
+        // What a poststop hook left is a stray now.
+        crate::task::monitor::reap_strays();
+        r.map_err(|e| ShimError::Runtime(format!("delete {id}: {e}")))?
     }
 
     async fn kill_all(&self, target: Target<'_>, signal: i32) -> Result<()> {
