@@ -1217,3 +1217,29 @@ async fn start_and_delete_in_the_daemon_run_oci_hooks() {
     assert_eq!(state["id"], "hooked", "{state}");
     f.nri.stop().await;
 }
+
+/// The daemon removes the bundle's task record once the task's delete is
+/// complete (so containerd's `delete` run after it has nothing to clean
+/// up), and keeps it while the task exists.
+#[tokio::test(flavor = "current_thread")]
+async fn a_completed_delete_removes_the_bundle_record() {
+    use nri_shim::container::record::{RECORD_FILE, RECORD_VERSION, TaskRecord};
+    let f = Fixture::new().await;
+    let bundle = f.bundle("recorded", &["/bin/sleep", "30"]);
+    TaskRecord {
+        version: RECORD_VERSION,
+        namespace: "test".into(),
+        id: "recorded".into(),
+        daemon_dir: f.dir.path().join("state"),
+    }
+    .write(&bundle)
+    .unwrap();
+    f.create_bundle("recorded", bundle.clone()).await.unwrap();
+    f.service.start("test", "recorded", "").await.unwrap();
+    f.service.kill("test", "recorded", "", 9, false).await.unwrap();
+    f.service.wait("test", "recorded", "").await.unwrap();
+    assert!(bundle.join(RECORD_FILE).exists(), "record gone before the delete");
+    f.service.delete("test", "recorded", "").await.unwrap();
+    assert!(!bundle.join(RECORD_FILE).exists(), "record left after the delete");
+    f.nri.stop().await;
+}

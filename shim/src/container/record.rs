@@ -10,6 +10,8 @@
 //!   keeps its socket and libcontainer's state. `delete` reads it instead of
 //!   the shim config, so it cleans up whatever the config file holds now
 //!   (an operator mid-edit, a changed `state_root`), and without a daemon.
+//!   The daemon removes it when the task's delete is complete: a bundle
+//!   without one has nothing left to clean up.
 //!
 //! The container's cgroup is not recorded: `delete` reads
 //! `linux.cgroupsPath` from the bundle's `config.json`, which the daemon
@@ -43,6 +45,14 @@ pub enum RecordError {
     /// The file exists but could not be read.
     #[error("read {path}")]
     Read {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file could not be removed.
+    #[error("remove {path}")]
+    Remove {
         /// The file.
         path: PathBuf,
         /// The underlying error.
@@ -108,6 +118,24 @@ impl TaskRecord {
                 .map_err(|source| RecordError::Parse { path, source }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(RecordError::Read { path, source }),
+        }
+    }
+}
+
+impl TaskRecord {
+    /// Removes the record from `bundle`. The daemon does so once the
+    /// task's delete is complete (libcontainer's state, the cgroup and the
+    /// rootfs mounts are gone): `delete`, which containerd runs after every
+    /// task delete, then finds nothing to clean up and skips its work. A
+    /// record already gone is no error.
+    ///
+    /// # Errors
+    /// [`RecordError::Remove`].
+    pub fn remove(bundle: &Path) -> Result<(), RecordError> {
+        let path = bundle.join(RECORD_FILE);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RecordError::Remove { path, source: e }),
+            _ => Ok(()),
         }
     }
 }

@@ -20,15 +20,18 @@ use crate::{
 /// making sure the task is gone. The daemon is asked first (a running task
 /// is killed through it); when it is unreachable, fails mid-request, or
 /// does not know the task (a daemon started since), the task is removed
-/// here from the bundle's record (see [`crate::container::cleanup`]). The shim config
-/// is read only for a bundle without a record, and leniently.
+/// here from the bundle's record (see [`crate::container::cleanup`]). A
+/// bundle without a record has nothing left: the daemon removes the record
+/// when it completes the task's delete (see
+/// [`crate::container::record::TaskRecord::remove`]), so only a claim
+/// `start` may have left is removed. The shim config is read only for a
+/// bundle without a record or with an unreadable one, and leniently.
 ///
 /// Must run before any thread is started (it may call libcontainer).
 ///
 /// # Errors
 /// When the response cannot be written.
 pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
-    use containerd_shim_protos::{api::DeleteResponse, protobuf::Message};
     let bundle = flags
         .bundle
         .clone()
@@ -36,10 +39,18 @@ pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
         .unwrap_or_default();
     let record = match TaskRecord::read(&bundle) {
         Ok(Some(r)) => r,
-        other => {
-            if let Err(e) = other {
-                eprintln!("nri-shim delete {}: {}", flags.id, crate::error::chain(&e));
-            }
+        Ok(None) => {
+            // The daemon removes the record once it completed the task's
+            // delete, and `start` writes it before containerd can create
+            // the task: nothing is left to clean up. (The usual case:
+            // containerd runs this after every task delete.) A claim the
+            // `start` left without a record goes.
+            let dir = daemon_dir(&Config::state_root_lenient(), &flags.address);
+            crate::node::claim::consume(&dir, &flags.namespace, &flags.id);
+            return respond(&bundle);
+        }
+        Err(e) => {
+            eprintln!("nri-shim delete {}: {}", flags.id, crate::error::chain(&e));
             TaskRecord {
                 version: crate::container::record::RECORD_VERSION,
                 namespace: flags.namespace.clone(),
@@ -73,6 +84,13 @@ pub fn delete_action(flags: &Flags) -> anyhow::Result<()> {
             }
         }
     }
+    respond(&bundle)
+}
+
+/// Writes `delete`'s answer: the exit status persisted in `bundle` (137
+/// when none was recorded).
+fn respond(bundle: &Path) -> anyhow::Result<()> {
+    use containerd_shim_protos::{api::DeleteResponse, protobuf::Message};
     let exit_status = std::fs::read_to_string(bundle.join(EXIT_STATUS_FILE))
         .ok()
         .and_then(|s| s.trim().parse().ok())

@@ -73,6 +73,10 @@ impl Service {
             crate::task::audit::AuditRecord::remove(&state_root, &ns_, &id_);
             let detached = bundle::detach_all(&mounts);
             crate::container::idmap::unstage_all(&bundle_dir);
+            // Last: nothing of the task is left for `delete` to clean up.
+            if let Err(e) = crate::container::record::TaskRecord::remove(&bundle_dir) {
+                tracing::warn!(task = %id_, error = %crate::error::chain(&e), "task record kept");
+            }
             detached
         })
         .await;
