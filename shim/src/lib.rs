@@ -11,7 +11,7 @@
 //! |---|---|
 //! | [`node`] | the binary's actions (`start`, `delete`, `upgrade`, ...) and the per-node daemon: its lifecycle, config reload, plugin directory watch, metrics, log, upgrade, containerd's connection gate |
 //! | [`task`] | the containerd Task ttrpc service and the task lifecycle behind it: NRI event mapping, exits and OOM kills, events to containerd, the audit trail |
-//! | [`container`] | running a container: the runner seam, libcontainer in a helper process, the bundle, what a task records on disk, cleanup without the daemon |
+//! | [`container`] | running a container: the runner seam, libcontainer's create and exec in a helper process, the start in the daemon, the bundle, what a task records on disk, cleanup without the daemon |
 //! | [`stdio`] | a process's stdio: fifos, files and terminals |
 //! | [`cgroups`] | a container's cgroup (v1, v2, systemd driver): updates, stats, freeze, pids, the runtime options that pick the driver |
 //! | [`cdi`] | CDI devices from spec files, by annotation or NRI adjustment |

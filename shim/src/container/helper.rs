@@ -1,13 +1,17 @@
 //! libcontainer off the async runtime.
 //!
-//! libcontainer clones the calling process (the container's intermediate
-//! and init processes run Rust code in that copy) and changes the caller's
-//! dumpable flag and `oom_score_adj`; forking from a multi-threaded tokio
-//! process can deadlock (youki #3027, runwasi #357). So every libcontainer
-//! operation runs in a fresh, single-threaded process: the shim binary
+//! libcontainer's create and exec clone the calling process (the
+//! container's intermediate and init processes run Rust code in that copy)
+//! and change the caller's dumpable flag and `oom_score_adj`; forking from
+//! a multi-threaded tokio process can deadlock (youki #3027, runwasi #357).
+//! So those run in a fresh, single-threaded process: the shim binary
 //! re-executed as `containerd-shim-nri-shim-v2 __nri-shim-helper`, which
 //! reads one [`Request`] as JSON on stdin, writes one [`Response`] on
 //! stdout and exits. The container's stdio is passed as fds 3, 4 and 5.
+//! The daemon starts a container itself (see `container::start`; the
+//! helper only when OCI poststart hooks need libcontainer's start) and
+//! deletes one itself ([`delete_here`]): neither clones a process, and an
+//! `exec` of the 18 MB binary per container is saved.
 //!
 //! The container's init (and an exec'd process) is a child of the helper;
 //! when the helper exits it is re-parented to the daemon, which is a child
