@@ -138,12 +138,20 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
+        let octal = (b[i] == b'\\' && i + 3 < b.len())
+            .then(|| &b[i + 1..i + 4])
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u32, |n, c| n * 8 + u32::from(c - b'0')))
+            .and_then(|n| u8::try_from(n).ok());
+        match octal {
+            Some(c) => {
+                out.push(c);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
         }
     }
     String::from_utf8_lossy(&out).into_owned()
@@ -221,24 +229,25 @@ mod tests {
         );
     }
 
+    /// `mountinfo` without the lines containing `needle`.
+    fn without(mountinfo: &str, needle: &str) -> String {
+        mountinfo
+            .lines()
+            .filter(|l| !l.contains(needle))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
     #[test]
     fn v1_only_picks_pids_and_skips_named_hierarchies() {
-        let v1: String = HYBRID
-            .lines()
-            .filter(|l| !l.contains("cgroup2"))
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let v1 = without(HYBRID, "cgroup2");
         let h = pick_hierarchy(&v1).unwrap();
         assert_eq!(h.mount_point, Path::new("/sys/fs/cgroup/pids"));
         assert_eq!(
             h.own_threads("8:pids:/kubepods/x\n1:cpu,cpuacct:/y\n").unwrap(),
             Path::new("/sys/fs/cgroup/pids/kubepods/x/tasks")
         );
-        let no_pids: String = v1
-            .lines()
-            .filter(|l| !l.contains("pids"))
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let no_pids = without(&v1, "pids");
         let h = pick_hierarchy(&no_pids).unwrap();
         assert_eq!(h.controller.as_deref(), Some("cpu"));
         // A v1 controller line lists several controllers.
@@ -266,6 +275,8 @@ mod tests {
     fn escaped_mount_points_are_unescaped() {
         let h = pick_hierarchy("40 30 0:26 / /mnt/cg\\040two rw - cgroup2 cgroup2 rw\n").unwrap();
         assert_eq!(h.mount_point, Path::new("/mnt/cg two"));
+        // Not an escape the kernel writes (over 255, or not octal): kept.
+        assert_eq!(unescape("a\\777b\\08c\\04"), "a\\777b\\08c\\04");
     }
 
     /// On this host: the write lands in the thread list of the cgroup
