@@ -969,3 +969,66 @@ async fn named_and_unified_hierarchies_as_with_runc() {
         &results[1],
     );
 }
+
+/// OCI poststart and poststop hooks (the daemon starts and deletes
+/// containers itself, handing a start with poststart hooks to the helper):
+/// each runs once, on the host, with the container's state on stdin, as
+/// with runc (`runc run`: create, start, wait, delete). The poststart
+/// hook's status is `running` (the runtime spec runs it after the user
+/// process started); runc 1.1.5 hands it `created`, since it records the
+/// start only after its hooks, which is printed beside. The poststop
+/// hook's is `stopped` for both.
+#[tokio::test(flavor = "current_thread")]
+async fn poststart_and_poststop_hooks_get_the_state_as_with_runc() {
+    let _serial = SERIAL.lock().await;
+    let hooks = tempfile::tempdir().unwrap();
+    let with_hooks = |name: &str| {
+        let mut s = spec(name, &["/bin/true"]);
+        let hook = |stage: &str| {
+            let file = hooks.path().join(format!("{name}-{stage}"));
+            json!([{"path": "/bin/sh", "args": ["sh", "-c", format!("cat >> {}", file.display())]}])
+        };
+        s["hooks"] = json!({"poststart": hook("poststart"), "poststop": hook("poststop")});
+        s
+    };
+    // (id, status) of each line a hook appended: one line per run.
+    let seen = |name: &str, stage: &str| -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(hooks.path().join(format!("{name}-{stage}"))).unwrap_or_default();
+        serde_json::Deserializer::from_str(&text)
+            .into_iter::<Value>()
+            .map(|v| {
+                let v = v.unwrap();
+                (
+                    v["id"].as_str().unwrap_or("").to_string(),
+                    v["status"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    let runc = Runc::new();
+    let reference = runc.run_foreground("hooks-runc", &with_hooks("hooks-runc"));
+    assert!(reference.ok, "runc run: {}", reference.stderr);
+    let shim = Shim::new();
+    shim.run("hooks-shim", &with_hooks("hooks-shim"))
+        .await
+        .unwrap_or_else(|e| panic!("hooks-shim: {e}"));
+    tokio::time::timeout(Duration::from_secs(10), shim.service.wait("test", "hooks-shim", ""))
+        .await
+        .expect("container ends within 10 s")
+        .unwrap();
+    shim.remove("hooks-shim").await;
+    for (stage, status) in [("poststart", "running"), ("poststop", "stopped")] {
+        // Ids differ by name only: compare with the name taken out.
+        let strip = |v: Vec<(String, String)>, name: &str| -> Vec<(String, String)> {
+            v.into_iter()
+                .map(|(id, st)| (if id == name { "<id>".to_string() } else { id }, st))
+                .collect()
+        };
+        expect_value(
+            &format!("{stage} hook input (id, status)"),
+            &vec![("<id>".to_string(), status.to_string())],
+            &strip(seen("hooks-runc", stage), "hooks-runc"),
+            &strip(seen("hooks-shim", stage), "hooks-shim"),
+        );
+    }
+}
