@@ -49,10 +49,10 @@ pub enum Started {
 ///
 /// # Errors
 /// [`ShimError::FailedPrecondition`] when the container is not `created`
-/// (its init exited, or it was started already), [`ShimError::NotFound`]
-/// when there is no such container, [`ShimError::Io`] naming the socket
-/// when the init cannot be reached, and libcontainer's errors otherwise,
-/// classed as the helper classes them.
+/// (its init exited, or it was started already), [`ShimError::Io`] naming
+/// the socket when the init cannot be reached, and libcontainer's errors
+/// otherwise, classed as the helper classes them (no such container:
+/// [`ShimError::Runtime`] naming its `state.json`).
 pub fn start_in_daemon(root: &Path, id: &str) -> Result<Started, ShimError> {
     let mut c = Container::load(root.join(id)).map_err(libcontainer_error)?;
     c.refresh_status().map_err(libcontainer_error)?;
