@@ -4,8 +4,8 @@
 //! sequentially and 10 at a time (`NRI_DENSITY_CONCURRENCY`). For each
 //! handler and mode it prints the wall time until all N containers are
 //! RUNNING (from the first RunPodSandbox), the median and slowest
-//! RunPodSandbox, CreateContainer and StartContainer, the process count and the summed RSS and PSS of the
-//! handler's shim processes while the N pods run (runc: one
+//! RunPodSandbox, CreateContainer and StartContainer, the process count
+//! and the summed RSS and PSS of the handler's shim processes while the N pods run (runc: one
 //! `containerd-shim-runc-v2` per pod; nri-shim: its daemon and helpers),
 //! their container processes (pause and `sleep`) counted apart, and the
 //! teardown time (StopPodSandbox and RemovePodSandbox of every pod, in the
@@ -220,16 +220,11 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
         took.as_secs_f64() * 1000.0 / n as f64
     );
     let start_calls = std::mem::take(&mut *start_calls.lock().unwrap());
-    for (name, mut d) in ["RunPodSandbox", "CreateContainer", "StartContainer"]
+    for (name, d) in ["RunPodSandbox", "CreateContainer", "StartContainer"]
         .into_iter()
         .zip(start_calls)
     {
-        d.sort();
-        println!(
-            "{label} {name:<25} median {:.3} s, slowest {:.3} s",
-            d[d.len() / 2].as_secs_f64(),
-            d.last().unwrap().as_secs_f64()
-        );
+        print_call(&label, name, d);
     }
     let f = footprint(handler, &cri.sock);
     println!(
@@ -258,15 +253,9 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
         took.as_secs_f64(),
         took.as_secs_f64() * 1000.0 / n as f64
     );
-    let (mut stop, mut remove) = std::mem::take(&mut *calls.lock().unwrap());
-    for (name, d) in [("StopPodSandbox", &mut stop), ("RemovePodSandbox", &mut remove)] {
-        d.sort();
-        println!(
-            "{label} {name:<25} median {:.3} s, slowest {:.3} s",
-            d[d.len() / 2].as_secs_f64(),
-            d.last().unwrap().as_secs_f64()
-        );
-    }
+    let (stop, remove) = std::mem::take(&mut *calls.lock().unwrap());
+    print_call(&label, "StopPodSandbox", stop);
+    print_call(&label, "RemovePodSandbox", remove);
     let left = client
         .clone()
         .rt
@@ -276,6 +265,16 @@ async fn density(cri: &Cri, handler: &'static str, n: usize, concurrent: bool) {
         .into_inner()
         .items;
     assert!(left.is_empty(), "{label}: pods left after the teardown: {left:?}");
+}
+
+/// Prints the median and slowest of one CRI call's durations.
+fn print_call(label: &str, name: &str, mut d: Vec<Duration>) {
+    d.sort();
+    println!(
+        "{label} {name:<25} median {:.3} s, slowest {:.3} s",
+        d[d.len() / 2].as_secs_f64(),
+        d.last().unwrap().as_secs_f64()
+    );
 }
 
 /// A warm-up pod (page cache, the nri-shim daemon up), removed.

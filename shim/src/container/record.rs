@@ -120,9 +120,7 @@ impl TaskRecord {
             Err(source) => Err(RecordError::Read { path, source }),
         }
     }
-}
 
-impl TaskRecord {
     /// Removes the record from `bundle`. The daemon does so once the
     /// task's delete is complete (libcontainer's state, the cgroup and the
     /// rootfs mounts are gone): `delete`, which containerd runs after every
