@@ -4,9 +4,14 @@
 //! `linux.cgroupsPath` and the driver rules are in [`path`], the metrics in
 //! [`metrics`] (v1) and [`v2`], the runtime options that pick the driver
 //! in [`options`]; priming the kernel's attach lock before a create in
-//! [`prime`]. May use only `error` and `container::runner::Target`.
+//! [`prime`]; the daemon's open cgroups in [`Opened`]. May use only
+//! `error`, `sync` and `container::runner::Target`.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use libcgroups::common::{AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt, FreezerState};
 use oci_spec::runtime::LinuxResources;
@@ -25,6 +30,7 @@ pub use path::{SystemdPath, check_driver, check_unified, default_path, resolve, 
 use crate::{
     container::runner::Target,
     error::{Result, ShimError},
+    sync::lock,
 };
 
 /// Where the host's cgroup hierarchy is mounted (libcgroups' root): the
@@ -42,6 +48,57 @@ pub struct Cgroup {
     /// The spec's `slice:prefix:name`, for a container of the systemd
     /// driver: updates and removal then go through systemd too.
     systemd: Option<SystemdPath>,
+}
+
+/// The daemon's open cgroups, one per container, by `linux.cgroupsPath`.
+///
+/// Opening one builds libcgroups' manager, which on a cgroup v1 host
+/// reads `/proc/self/mountinfo` (the kernel renders every mount of the
+/// node for it: each pod adds its rootfs, shm and network namespace) and
+/// `/proc/self/cgroup`, about 1 ms of CPU on a node with pods; a
+/// container's exit and delete used to open its cgroup three times or
+/// more. The mounts a manager found do not move while the daemon runs;
+/// [`Opened::forget`] drops a container's once it is deleted, so a new
+/// container of the same path is opened afresh.
+#[derive(Default)]
+pub struct Opened {
+    by_path: std::sync::Mutex<HashMap<PathBuf, Arc<Cgroup>>>,
+}
+
+impl Opened {
+    /// The cgroup at `cgroups_path` of container `id`, opened now if it is
+    /// not open yet. Blocking (file I/O).
+    ///
+    /// # Errors
+    /// [`Cgroup::open`]'s.
+    pub fn get(&self, cgroups_path: &Path, id: &str) -> Result<Arc<Cgroup>> {
+        if let Some(c) = lock(&self.by_path).get(cgroups_path) {
+            return Ok(c.clone());
+        }
+        // Opened without the lock held: another container's calls need
+        // not wait for this one's file I/O. Two first calls for one path
+        // both open it; the first one kept serves every later call.
+        let c = Arc::new(Cgroup::open(cgroups_path, id)?);
+        Ok(lock(&self.by_path)
+            .entry(cgroups_path.to_path_buf())
+            .or_insert(c)
+            .clone())
+    }
+
+    /// Drops the cgroup at `cgroups_path` (its container was deleted).
+    pub fn forget(&self, cgroups_path: &Path) {
+        lock(&self.by_path).remove(cgroups_path);
+    }
+
+    /// How many cgroups are open.
+    pub fn len(&self) -> usize {
+        lock(&self.by_path).len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 fn err(what: &str, path: &Path, e: impl std::fmt::Display) -> ShimError {
@@ -81,19 +138,20 @@ impl Cgroup {
         .map_err(|e| err(&format!("systemd unit {}", s.unit()), &self.path, e))
     }
 
-    /// Opens the cgroup of `target` and runs `f` on it on a blocking
-    /// thread: cgroup access is file I/O and must not stall the daemon's
-    /// single async thread.
+    /// Runs `f` on the cgroup of `target` (from `opened`, opened there
+    /// if it is not yet) on a blocking thread: cgroup access is file I/O
+    /// and must not stall the daemon's single async thread.
     ///
     /// # Errors
     /// [`Cgroup::open`]'s error, `f`'s, or [`ShimError::Runtime`] if `f`
     /// panicked.
     pub async fn off_runtime<T: Send + 'static>(
+        opened: &Arc<Opened>,
         target: Target<'_>,
         f: impl FnOnce(&Cgroup) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let (path, id) = (target.cgroups_path.to_path_buf(), target.id.to_string());
-        tokio::task::spawn_blocking(move || Cgroup::open(&path, &id).and_then(|c| f(&c)))
+        let (opened, path, id) = (opened.clone(), target.cgroups_path.to_path_buf(), target.id.to_string());
+        tokio::task::spawn_blocking(move || opened.get(&path, &id).and_then(|c| f(&c)))
             .await
             .map_err(|e| ShimError::Runtime(format!("cgroup {}: {e}", target.cgroups_path.display())))?
     }
@@ -331,6 +389,27 @@ mod tests {
 
     fn resources(json: serde_json::Value) -> LinuxResources {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_cgroup_is_opened_once_until_its_container_is_forgotten() {
+        // Opening builds a manager of this host's hierarchy; the cgroup
+        // need not exist for that.
+        let opened = Opened::default();
+        let (a, b) = (
+            Path::new("/nri-shim-test/opened-a"),
+            Path::new("/nri-shim-test/opened-b"),
+        );
+        let first = opened.get(a, "a").unwrap();
+        assert!(Arc::ptr_eq(&first, &opened.get(a, "a").unwrap()));
+        let other = opened.get(b, "b").unwrap();
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert_eq!(opened.len(), 2);
+        opened.forget(a);
+        assert_eq!(opened.len(), 1);
+        // A new container of the same path gets a handle of its own.
+        assert!(!Arc::ptr_eq(&first, &opened.get(a, "a").unwrap()));
+        assert!(Arc::ptr_eq(&other, &opened.get(b, "b").unwrap()));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use std::{
     io::{Read, Write},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
@@ -242,7 +243,11 @@ fn run(req: Request) -> Response {
             root,
             force,
             cgroups_path,
-        } => return delete(&id, &root, force, cgroups_path.as_deref()),
+        } => {
+            return delete(&id, &root, force, cgroups_path.as_deref(), &|p| {
+                crate::cgroups::Cgroup::open(p, &id).map(Arc::new)
+            });
+        }
     };
     match result {
         Ok(pid) => Response::Ok { pid },
@@ -259,10 +264,12 @@ fn run(req: Request) -> Response {
 /// removed here with [`crate::cgroups::Cgroup::remove`]'s patience: after
 /// a failed libcontainer delete (which is then run again), and after
 /// libcontainer is done or had nothing (a cgroup left by a failed create).
-fn delete(id: &str, root: &Path, force: bool, cgroups_path: Option<&Path>) -> Response {
+///
+/// `open` gives the cgroup at a path (the daemon's already open one).
+fn delete(id: &str, root: &Path, force: bool, cgroups_path: Option<&Path>, open: &OpenCgroup) -> Response {
     use libcontainer::container::Container;
     let remove_cgroup = || match cgroups_path {
-        Some(path) => crate::cgroups::Cgroup::open(path, id).and_then(|c| c.remove()),
+        Some(path) => open(path).and_then(|c| c.remove()),
         None => Ok(()),
     };
     let other = |e: ShimError| Response::Err {
@@ -329,13 +336,25 @@ fn apply_runc_v2_rules(id: &str, bundle: &Path) -> Result<(), ShimError> {
 /// Blocking (the cgroup removal waits up to
 /// [`crate::cgroups::REMOVE_PATIENCE`]): call it off the async runtime,
 /// with stray reaping held off ([`crate::task::monitor::InFlight`]) so a
-/// hook's exit status stays for libcontainer's wait.
+/// hook's exit status stays for libcontainer's wait. The cgroup comes
+/// from `opened` (opened there if it was not).
 ///
 /// # Errors
 /// As the helper's delete reports them (see [`Response::into_result`]).
-pub fn delete_here(id: &str, root: &Path, force: bool, cgroups_path: Option<&Path>) -> Result<(), ShimError> {
-    delete(id, root, force, cgroups_path).into_result().map(drop)
+pub fn delete_here(
+    id: &str,
+    root: &Path,
+    force: bool,
+    cgroups_path: Option<&Path>,
+    opened: &crate::cgroups::Opened,
+) -> Result<(), ShimError> {
+    delete(id, root, force, cgroups_path, &|p| opened.get(p, id))
+        .into_result()
+        .map(drop)
 }
+
+/// How [`delete`] gets the container's cgroup at a path.
+type OpenCgroup<'a> = dyn Fn(&Path) -> Result<Arc<crate::cgroups::Cgroup>, ShimError> + 'a;
 
 /// Runs `req` in this process. Only for a process that has no other
 /// threads (the `delete` action); the daemon uses [`call`].

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use oci_spec::runtime::LinuxResources;
 
 use crate::{
-    cgroups::Cgroup,
+    cgroups::{Cgroup, Opened},
     container::helper,
     error::{Result, ShimError},
     task::monitor::{ExitStatus, PidFd},
@@ -147,6 +147,8 @@ pub trait Runner: Send + Sync + 'static {
 pub struct HelperRunner {
     exe: PathBuf,
     state_root: PathBuf,
+    /// The containers' cgroups, opened once each (see [`Opened`]).
+    cgroups: Arc<Opened>,
 }
 
 impl HelperRunner {
@@ -156,6 +158,7 @@ impl HelperRunner {
         HelperRunner {
             exe: exe.into(),
             state_root: state_root.into(),
+            cgroups: Arc::default(),
         }
     }
 
@@ -258,14 +261,25 @@ impl Runner for HelperRunner {
 
     async fn delete(&self, id: &str, cgroups_path: Option<&Path>) -> Result<()> {
         // In the daemon, without a helper process (see helper::delete_here).
-        let (root, owned, cgroups_path) = (
+        let (root, owned, cgroups_path, cgroups) = (
             self.libcontainer_root(),
             id.to_string(),
             cgroups_path.map(Path::to_path_buf),
+            self.cgroups.clone(),
         );
         let in_flight = crate::task::monitor::InFlight::new();
-        let r = tokio::task::spawn_blocking(move || helper::delete_here(&owned, &root, true, cgroups_path.as_deref()))
-            .await;
+        let r = tokio::task::spawn_blocking(move || {
+            let r = helper::delete_here(&owned, &root, true, cgroups_path.as_deref(), &cgroups);
+            // Once deleted its cgroup is gone; a failed delete is tried
+            // again with the same handle.
+            if r.is_ok()
+                && let Some(p) = &cgroups_path
+            {
+                cgroups.forget(p);
+            }
+            r
+        })
+        .await;
         drop(in_flight);
         // What a poststop hook left is a stray now.
         crate::task::monitor::reap_strays();
@@ -290,24 +304,27 @@ impl Runner for HelperRunner {
     }
 
     async fn pids(&self, target: Target<'_>) -> Result<Vec<i32>> {
-        Cgroup::off_runtime(target, Cgroup::pids).await
+        Cgroup::off_runtime(&self.cgroups, target, Cgroup::pids).await
     }
 
     async fn freeze(&self, target: Target<'_>, frozen: bool) -> Result<()> {
-        Cgroup::off_runtime(target, move |c| c.freeze(frozen)).await
+        Cgroup::off_runtime(&self.cgroups, target, move |c| c.freeze(frozen)).await
     }
 
     async fn update(&self, target: Target<'_>, resources: &LinuxResources) -> Result<()> {
         let resources = resources.clone();
-        Cgroup::off_runtime(target, move |c| c.update(&resources)).await
+        Cgroup::off_runtime(&self.cgroups, target, move |c| c.update(&resources)).await
     }
 
     async fn stats(&self, target: Target<'_>) -> Result<crate::cgroups::Metrics> {
-        Cgroup::off_runtime(target, Cgroup::metrics).await
+        Cgroup::off_runtime(&self.cgroups, target, Cgroup::metrics).await
     }
 
     async fn oom_kills(&self, target: Target<'_>) -> Option<u64> {
-        Cgroup::off_runtime(target, |c| Ok(c.oom_kills())).await.ok().flatten()
+        Cgroup::off_runtime(&self.cgroups, target, |c| Ok(c.oom_kills()))
+            .await
+            .ok()
+            .flatten()
     }
 
     fn adopt(&self, pid: i32) -> Result<Arc<dyn Process>> {
