@@ -8,7 +8,8 @@
 //!
 //!
 //! Patch 5: the process keeps the cgroup mounts it read, so a second
-//! manager, and a process put into the cgroup, read no mount table at all.
+//! manager, a process put into the cgroup and the list of v1 hierarchies
+//! read no mount table at all.
 //!
 //! Root only (it mounts, in a mount namespace of its own).
 
@@ -101,6 +102,13 @@ fn each_subsystem_resolves_to_the_mount_that_carries_it() {
         .map(|(point, _, _)| point.clone())
         .collect();
     assert_eq!(util::hierarchies_without_controllers(&mounts), bare);
+    // Every cgroup v1 hierarchy, in the table's order.
+    let v1: Vec<PathBuf> = host
+        .iter()
+        .filter(|(_, kind, _)| kind == "cgroup")
+        .map(|(point, _, _)| point.clone())
+        .collect();
+    assert_eq!(util::list_subsystem_mount_points().expect("v1 mount points"), v1);
 }
 
 /// The child's part of the test below: run by it in a mount namespace of
@@ -178,6 +186,17 @@ fn manager_reads_in_a_large_mount_table() {
     assert!(
         read_add < 4096,
         "add_task read {read_add} bytes of a {table}-byte mount table"
+    );
+    // Nor listing the v1 hierarchies (a container's init that mounts
+    // them, a process forked after its parent's read).
+    let before = bytes_read();
+    let listed = util::list_subsystem_mount_points();
+    let read_list = bytes_read() - before;
+    assert!(listed.is_ok_and(|l| !l.is_empty()), "no v1 hierarchy listed");
+    println!("list_subsystem_mount_points read {read_list} bytes");
+    assert!(
+        read_list < 4096,
+        "list_subsystem_mount_points read {read_list} bytes of a {table}-byte mount table"
     );
 }
 
