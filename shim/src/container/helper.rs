@@ -320,6 +320,11 @@ fn delete(id: &str, root: &Path, force: bool, cgroups_path: Option<&Path>, open:
 /// container just created from `bundle` (see
 /// [`crate::cgroups::Cgroup::apply_runc_v2_rules`]).
 fn apply_runc_v2_rules(id: &str, bundle: &Path) -> Result<(), ShimError> {
+    // Nothing to write on a v1 or hybrid host: neither the spec nor the
+    // cgroup (a libcgroups manager, a mount table read) is needed there.
+    if !crate::cgroups::path::unified_host() {
+        return Ok(());
+    }
     let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
         .map_err(|e| ShimError::InvalidArgument(format!("{}: {e}", bundle.join("config.json").display())))?;
     let Some(linux) = spec.linux() else { return Ok(()) };
