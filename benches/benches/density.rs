@@ -11,6 +11,12 @@
 //! teardown time (StopPodSandbox and RemovePodSandbox of every pod, in the
 //! same mode) with the median and slowest of each of those two calls.
 //!
+//! containerd's state, runc's root and the shim's state root are on a
+//! tmpfs of the run's own, as `/run` is on a node (on this project's VMs
+//! `/run` is on the disk, where every file a runtime creates costs an
+//! inode allocation); `NRI_DENSITY_RUN_ON_DISK=1` keeps them in the temp
+//! directory on the disk instead.
+//!
 //! The nri-shim binary is `$NRI_SHIM_BIN`, or the `dist` build (the node
 //! artifact) in this target directory: `benches/density.sh` builds it and
 //! runs this. Root only; containerd is the line `NRI_CONTAINERD` names
@@ -91,11 +97,17 @@ fn processes() -> HashMap<i32, Proc> {
     all
 }
 
-/// The shim binary of a CRI handler.
-fn shim_name(handler: &str) -> &'static str {
+/// The file name of a CRI handler's shim binary, as `/proc/PID/exe` gives
+/// it: for nri-shim that of the binary under test, which `NRI_SHIM_BIN`
+/// may name otherwise (containerd runs it through a link).
+fn shim_name(handler: &str) -> String {
     match handler {
-        "runc" => "containerd-shim-runc-v2",
-        _ => "containerd-shim-nri-shim-v2",
+        "runc" => "containerd-shim-runc-v2".into(),
+        _ => {
+            let shim = nri_benches::shim_under_test("benches/density.sh");
+            let real = std::fs::canonicalize(&shim).unwrap_or(shim);
+            real.file_name().unwrap_or_default().to_string_lossy().into_owned()
+        }
     }
 }
 
@@ -278,10 +290,17 @@ fn print_call(label: &str, name: &str, mut d: Vec<Duration>) {
 }
 
 /// A warm-up pod (page cache, the nri-shim daemon up), removed.
+///
+/// Its container runs until the pod is stopped, as the measured pods'
+/// do. One that exits at once races containerd 1.6's own exit handling:
+/// the CRI plugin deletes the exited task (closing its shim connection)
+/// before it marks the container exited, and a StopPodSandbox between
+/// the two still sends that task a Kill, which fails with `ttrpc:
+/// closed` (seen once in about 20 runs).
 async fn warm_up(cri: &Cri, mut c: Client, handler: &'static str) {
     let cfg = cri.pod_config("density-warm-up", "density", handler, |_| {});
     let pod = c.run_pod(&cfg, handler).await;
-    c.create_running(&pod, &cfg, container("c", &["true"]), POD_TIMEOUT)
+    c.create_running(&pod, &cfg, container("c", &["sleep", "100000"]), POD_TIMEOUT)
         .await;
     c.remove_pod(&pod).await;
 }
@@ -305,6 +324,7 @@ fn main() {
     let started = Instant::now();
     let cri = Cri::start(CriSetup {
         shim_bin: Some(shim),
+        run_on_tmpfs: std::env::var_os("NRI_DENSITY_RUN_ON_DISK").is_none(),
         ..Default::default()
     });
     tokio::runtime::Builder::new_multi_thread()

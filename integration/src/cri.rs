@@ -192,10 +192,12 @@ pub struct CriSetup<'a> {
     /// finds it there (a link on its PATH), and its config names no
     /// `nri-shim` handler until the installer adds one.
     pub installed_shim: Option<PathBuf>,
-    /// containerd's state directory and the shim's state root on a tmpfs
-    /// of their own, as on a node, where both are under `/run`
-    /// (`/run/containerd`, `/run/nri-shim`); otherwise in the test's temp
-    /// directory on the disk. Unmounted by [`Cri::teardown`].
+    /// containerd's state directory, runc's root and the shim's state
+    /// root on a tmpfs of their own, as on a node, where all three are
+    /// under `/run` (`/run/containerd`, `/run/containerd/runc`,
+    /// `/run/nri-shim`); otherwise in the test's temp directory on the
+    /// disk, and runc's in the host's `/run/containerd/runc`. Unmounted by
+    /// [`Cri::teardown`].
     pub run_on_tmpfs: bool,
 }
 
@@ -376,7 +378,7 @@ state = "{run}/state"
     snapshotter = "overlayfs"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-{nri_shim_handler}{systemd_handlers}{as_runc}  [plugins."io.containerd.grpc.v1.cri".cni]
+{runc_root}{nri_shim_handler}{systemd_handlers}{as_runc}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
@@ -387,6 +389,17 @@ state = "{run}/state"
                 cni_conf = cni_conf.display(),
                 nri_off = containerd_nri_off(),
                 as_runc = as_runc_handler(&bin),
+                // runc keeps its state under `/run/containerd/runc` unless
+                // told otherwise: on the run's tmpfs too, so both runtimes
+                // keep their state in memory as on a node.
+                runc_root = if setup.run_on_tmpfs {
+                    format!(
+                        "      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n        Root = \"{}/runc\"\n",
+                        run.display()
+                    )
+                } else {
+                    String::new()
+                },
                 nri_shim_handler = if setup.configure || setup.installed_shim.is_some() {
                     ""
                 } else {
