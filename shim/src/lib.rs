@@ -20,6 +20,7 @@
 //! | [`config`] | `/etc/nri-shim/config.toml` |
 //! | [`error`] | shim errors and their ttrpc codes |
 //! | [`layout`] | where the daemon keeps its files |
+//! | [`priority`] | the control thread's raised priority, never passed on to a container |
 
 #![warn(missing_docs)]
 
@@ -32,6 +33,7 @@ pub mod info;
 pub mod layout;
 pub mod node;
 pub mod nri;
+pub mod priority;
 pub mod stdio;
 pub mod sync;
 pub mod task;

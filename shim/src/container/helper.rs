@@ -470,9 +470,11 @@ async fn call_inner(exe: &Path, req: &Request, stdio: [OwnedFd; 3]) -> Result<Op
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     // SAFETY: only async-signal-safe fcntl/dup2/close on fds that stay open
-    // in the parent until spawn returns.
+    // in the parent until spawn returns, and one setpriority.
     unsafe {
         cmd.pre_exec(move || {
+            // The container must never run at the control thread's priority.
+            crate::priority::restore_base_nice()?;
             // Move the sources out of 3..=5 first so no dup2 clobbers another.
             let mut high = [0i32; 3];
             for (i, fd) in raw.iter().enumerate() {

@@ -15,6 +15,23 @@ use std::io;
 
 use tokio::{runtime::Handle, sync::oneshot};
 
+/// The control thread's nice value. A burst of creates keeps every CPU
+/// busy (containerd, CNI plugins, libcontainer's processes, the main
+/// runtime); at nice 0 a call that arrives then waits its turn behind
+/// them. The thread's work per call is small and bounded (a lookup and
+/// an answer), so a higher priority cannot starve anyone, and the call
+/// is answered as the kernel wakes the thread.
+pub const CONTROL_NICE: i32 = -10;
+
+/// Gives the calling thread [`CONTROL_NICE`] (see [`crate::priority`]); a
+/// daemon that may not (no `CAP_SYS_NICE`) runs the thread at its own
+/// priority and says so.
+fn raise_priority() {
+    if let Err(e) = crate::priority::raise_calling_thread(CONTROL_NICE) {
+        tracing::warn!(nice = CONTROL_NICE, error = %e, "cannot raise the control thread's priority");
+    }
+}
+
 /// The control thread and its runtime; stopped when dropped.
 pub struct ControlThread {
     handle: Handle,
@@ -31,6 +48,7 @@ impl ControlThread {
         let (handle_tx, handle_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new().name("control".into()).spawn(move || {
+            raise_priority();
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -81,13 +99,17 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let name = rt
-            .block_on(
-                c.handle()
-                    .spawn(async { std::thread::current().name().map(str::to_string) }),
-            )
+        let (name, nice) = rt
+            .block_on(c.handle().spawn(async {
+                (
+                    std::thread::current().name().map(str::to_string),
+                    crate::priority::thread_nice(),
+                )
+            }))
             .unwrap();
         assert_eq!(name.as_deref(), Some("control"));
+        // Tests run as root: the priority was raised.
+        assert_eq!(nice, Some(CONTROL_NICE));
         drop(c);
     }
 }
