@@ -9,8 +9,10 @@ use std::{
 };
 
 /// The daemon's own nice value, as the first raised thread found it before
-/// raising its priority.
-static BASE_NICE: AtomicI32 = AtomicI32::new(0);
+/// raising its priority; [`UNSET`] while no thread was raised.
+static BASE_NICE: AtomicI32 = AtomicI32::new(UNSET);
+/// No thread was raised: there is nothing to restore.
+const UNSET: i32 = i32::MIN;
 
 /// Gives the calling thread nice value `nice` (lower is a higher priority),
 /// keeping the value it had for [`restore_base_nice`].
@@ -19,7 +21,9 @@ static BASE_NICE: AtomicI32 = AtomicI32::new(0);
 /// setpriority's: lowering a nice value needs `CAP_SYS_NICE`.
 pub fn raise_calling_thread(nice: i32) -> io::Result<()> {
     if let Some(base) = thread_nice() {
-        BASE_NICE.store(base, Ordering::Relaxed);
+        // The first raised thread's: a second one (a restarted control
+        // thread) started from a thread that may be raised itself.
+        let _ = BASE_NICE.compare_exchange(UNSET, base, Ordering::Relaxed, Ordering::Relaxed);
     }
     // SAFETY: setpriority and gettid have no memory-safety preconditions.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) } != 0 {
@@ -41,14 +45,19 @@ pub fn thread_nice() -> Option<i32> {
 }
 
 /// For a child process between fork and exec (a helper, and through it
-/// libcontainer's processes and the container): gives it the daemon's own
-/// nice value, never a raised thread's, whichever thread forked it.
-/// Async-signal-safe (one system call).
+/// libcontainer's processes and the container), and for the thread that
+/// replaces the daemon's image (an upgrade): gives the calling thread the
+/// daemon's own nice value, never a raised thread's, whichever thread it
+/// is. Does nothing while no thread was raised. Async-signal-safe (one
+/// system call).
 ///
 /// # Errors
 /// setpriority's.
 pub fn restore_base_nice() -> io::Result<()> {
     let base = BASE_NICE.load(Ordering::Relaxed);
+    if base == UNSET {
+        return Ok(());
+    }
     // SAFETY: setpriority has no memory-safety preconditions; `who` 0 is
     // the calling thread, the only one of a forked child.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, base) } != 0 {

@@ -84,7 +84,7 @@ fn each_subsystem_resolves_to_the_mount_that_carries_it() {
             .find(|(_, kind, options)| kind == "cgroup" && options.contains(&c.to_string()))
             .map(|(point, _, _)| point.clone());
         assert_eq!(
-            util::find_subsystem_mount_point(&mounts, &c).ok(),
+            util::find_subsystem_mount_point(mounts, &c).ok(),
             carrier,
             "mount point of {c}"
         );
@@ -101,7 +101,7 @@ fn each_subsystem_resolves_to_the_mount_that_carries_it() {
         })
         .map(|(point, _, _)| point.clone())
         .collect();
-    assert_eq!(util::hierarchies_without_controllers(&mounts), bare);
+    assert_eq!(util::hierarchies_without_controllers(mounts), bare);
     // Every cgroup v1 hierarchy, in the table's order.
     let v1: Vec<PathBuf> = host
         .iter()

@@ -266,6 +266,11 @@ pub fn exec(exe: &Path, handover: &Path) -> UpgradeError {
     let arg0 = args.next().unwrap_or_else(|| exe.as_os_str().to_owned());
     // The log thread's queue is lost with this image.
     crate::node::shimlog::flush_log(std::time::Duration::from_secs(1));
+    // The new image's threads start with this one's nice value: the
+    // daemon's own, whichever thread runs the upgrade.
+    if let Err(e) = crate::priority::restore_base_nice() {
+        tracing::warn!(error = %e, "cannot restore the daemon's priority before the upgrade");
+    }
     let source = std::process::Command::new(exe)
         .arg0(arg0)
         .args(args)
