@@ -52,12 +52,13 @@ pub struct Cgroup {
 
 /// The daemon's open cgroups, one per container, by `linux.cgroupsPath`.
 ///
-/// Opening one builds libcgroups' manager, which on a cgroup v1 host
-/// reads `/proc/self/mountinfo` (the kernel renders every mount of the
-/// node for it: each pod adds its rootfs, shm and network namespace) and
-/// `/proc/self/cgroup`, about 1 ms of CPU on a node with pods; a
-/// container's exit and delete used to open its cgroup three times or
-/// more. The mounts a manager found do not move while the daemon runs;
+/// Opening one builds libcgroups' manager: it resolves the path, reads
+/// `/proc/self/cgroup` and, on a cgroup v1 host, finds each controller
+/// among the mounts the process read once (libcgroups patch 5; before it,
+/// a rendering of the node's whole mount table, about 1 ms of CPU with
+/// pods running). A container's exit and delete used to open its cgroup
+/// three times or more, and Stats, Pids and Update each once. The
+/// manager's paths do not move while the container lives;
 /// [`Opened::forget`] drops a container's once it is deleted, so a new
 /// container of the same path is opened afresh.
 #[derive(Default)]
