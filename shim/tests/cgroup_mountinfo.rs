@@ -50,6 +50,13 @@ fn bytes_read() -> u64 {
         .expect("rchar in /proc/self/io")
 }
 
+/// `f`'s result and the bytes this process read while it ran.
+fn reading<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let before = bytes_read();
+    let r = f();
+    (r, bytes_read() - before)
+}
+
 /// This host's cgroup mounts as the test reads `/proc/self/mountinfo`
 /// itself: (mount point, file system type, super options).
 fn host_cgroup_mounts() -> Vec<(PathBuf, String, Vec<String>)> {
@@ -137,9 +144,7 @@ fn manager_reads_in_a_large_mount_table() {
     let table = std::fs::read_to_string("/proc/self/mountinfo")
         .expect("mountinfo")
         .len() as u64;
-    let before = bytes_read();
-    let manager = Manager::new(Path::new("nri-shim-test/mountinfo"));
-    let read = bytes_read() - before;
+    let (manager, read) = reading(|| Manager::new(Path::new("nri-shim-test/mountinfo")));
     assert!(manager.is_ok(), "{:?}", manager.err());
     println!("mount table {table} bytes; Manager::new read {read} bytes");
     // One read of the table, /proc/self/cgroup and the first rchar read;
@@ -152,9 +157,7 @@ fn manager_reads_in_a_large_mount_table() {
     // Patch 5: the process keeps what it read. A second manager (the
     // daemon's at a container's exit and delete) reads /proc/self/cgroup,
     // not the table.
-    let before = bytes_read();
-    let again = Manager::new(Path::new("nri-shim-test/mountinfo-again"));
-    let read_again = bytes_read() - before;
+    let (again, read_again) = reading(|| Manager::new(Path::new("nri-shim-test/mountinfo-again")));
     assert!(again.is_ok(), "{:?}", again.err());
     println!("a second Manager::new read {read_again} bytes");
     assert!(
@@ -168,9 +171,7 @@ fn manager_reads_in_a_large_mount_table() {
     let path = format!("nri-shim-test/mountinfo-{}", std::process::id());
     let manager = Manager::new(Path::new(&path)).expect("manager");
     let mut child = Command::new("sleep").arg("30").spawn().expect("spawn sleep");
-    let before = bytes_read();
-    let added = manager.add_task(nix::unistd::Pid::from_raw(child.id() as i32));
-    let read_add = bytes_read() - before;
+    let (added, read_add) = reading(|| manager.add_task(nix::unistd::Pid::from_raw(child.id() as i32)));
     let removed = manager.remove();
     let _ = child.kill();
     let _ = child.wait();
@@ -189,9 +190,7 @@ fn manager_reads_in_a_large_mount_table() {
     );
     // Nor listing the v1 hierarchies (a container's init that mounts
     // them, a process forked after its parent's read).
-    let before = bytes_read();
-    let listed = util::list_subsystem_mount_points();
-    let read_list = bytes_read() - before;
+    let (listed, read_list) = reading(util::list_subsystem_mount_points);
     assert!(listed.is_ok_and(|l| !l.is_empty()), "no v1 hierarchy listed");
     println!("list_subsystem_mount_points read {read_list} bytes");
     assert!(
