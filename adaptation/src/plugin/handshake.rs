@@ -375,6 +375,64 @@ mod tests {
         }
     }
 
+    /// A host that keeps the names as the registry does.
+    #[derive(Default)]
+    struct Names(Mutex<std::collections::HashSet<String>>);
+
+    #[async_trait]
+    impl Host for Names {
+        fn reserve(&self, idx: &str, base: &str) -> bool {
+            lock(&self.0).insert(format!("{idx}-{base}"))
+        }
+        fn release(&self, idx: &str, base: &str) {
+            lock(&self.0).remove(&format!("{idx}-{base}"));
+        }
+        async fn update_containers(
+            &self,
+            _plugin: &str,
+            _update: Vec<api::ContainerUpdate>,
+            _evict: Vec<api::ContainerEviction>,
+        ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
+            Ok(Vec::new())
+        }
+    }
+
+    struct Quiet;
+    impl nri_proto::plugin::Plugin for Quiet {}
+
+    /// The registry gives a gone plugin's name back as it takes it out of
+    /// the table, before its close: the close must not free the name again
+    /// once a new plugin of that name reserved it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_plugins_name_is_given_back_once() {
+        let params = HandshakeParams {
+            runtime_name: "test".into(),
+            runtime_version: "0".into(),
+            registration_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1),
+        };
+        let names = Arc::new(Names::default());
+        let old = Plugin::builtin(
+            "10".into(),
+            "a".into(),
+            EventMask::default(),
+            Arc::new(Quiet),
+            &params,
+            names.clone(),
+            FailurePolicy::Ignore,
+        )
+        .await
+        .expect("builtin plugin");
+        assert!(!names.reserve("10", "a"), "the name is held while the plugin lives");
+        old.release_name();
+        assert!(names.reserve("10", "a"), "a new plugin takes the name given back");
+        old.close().await;
+        assert!(
+            !names.reserve("10", "a"),
+            "the old plugin's close freed the new one's name"
+        );
+    }
+
     /// Garbage instead of a registration: the handshake error says what
     /// the transport saw, so the log line naming the plugin says why.
     #[tokio::test(flavor = "current_thread")]

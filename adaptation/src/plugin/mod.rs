@@ -97,6 +97,8 @@ pub(crate) struct Plugin {
     link: Box<dyn Link>,
     /// Set by [`Plugin::close`]; `close_notify` wakes [`Plugin::closed`].
     closed: AtomicBool,
+    /// Set once its `IDX-NAME` was given back (see [`Plugin::release_name`]).
+    name_released: AtomicBool,
     close_notify: tokio::sync::Notify,
     /// A launched plugin's process, which leads its own process group.
     /// Held across kill and reap, so every caller returns after the
@@ -144,6 +146,7 @@ impl Plugin {
             events: AtomicI32::new(0),
             link: parts.link,
             closed: AtomicBool::new(false),
+            name_released: AtomicBool::new(false),
             close_notify: tokio::sync::Notify::new(),
             child: tokio::sync::Mutex::new(parts.child),
             host: parts.host,
@@ -251,6 +254,15 @@ impl Plugin {
         }
     }
 
+    /// Gives the plugin's `IDX-NAME` back to the host, once: a later call
+    /// (its [`Plugin::close`] after the registry gave it back) must not
+    /// free the name a new plugin has reserved since.
+    pub(crate) fn release_name(&self) {
+        if !self.name_released.swap(true, Ordering::SeqCst) {
+            self.host.release(&self.idx, &self.base);
+        }
+    }
+
     /// Closes the connection (idempotent) and frees the plugin's name.
     /// Launched processes are killed by [`Plugin::kill`].
     pub async fn close(&self) {
@@ -258,7 +270,7 @@ impl Plugin {
             return;
         }
         tracing::info!(plugin = %self.name(), "closing plugin connection");
-        self.host.release(&self.idx, &self.base);
+        self.release_name();
         self.link.close().await;
         self.close_notify.notify_waiters();
     }

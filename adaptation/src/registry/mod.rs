@@ -114,12 +114,19 @@ impl Registry {
         self.take(p);
     }
 
-    /// Takes `p` out of the table; whether it was there.
+    /// Takes `p` out of the table; whether it was there. Its name is
+    /// given back at once, under the table's lock: a plugin no longer
+    /// listed (see [`Registry::names`]) never keeps a new plugin of its
+    /// name from registering, as it did until its close ran.
     fn take(&self, p: &Arc<Plugin>) -> bool {
         let mut list = write(&self.plugins);
         let before = list.len();
         list.retain(|q| !Arc::ptr_eq(q, p));
-        before != list.len()
+        let taken = before != list.len();
+        if taken {
+            p.release_name();
+        }
+        taken
     }
 
     /// Deactivates `p`, closes it and kills its process (if launched).
