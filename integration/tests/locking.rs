@@ -14,6 +14,8 @@ use nri_adaptation::api;
 use nri_stub::{BoxError, EventMask, Plugin, Stub};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long R7 waits for each plugin to register.
+const REGISTRATION_DEADLINE: Duration = Duration::from_secs(20);
 
 /// R7: 100 times, an external plugin connects (its sync callback takes the
 /// runtime lock) while 10 concurrent StartContainer calls take the runtime
@@ -35,6 +37,9 @@ async fn r7_registration_vs_start_container_never_deadlocks() {
     let mut calls_total = 0usize;
     for iteration in 0..100 {
         let plugin = spawn_plugin(test_plugin_bin!(), &rt.sock(), "10", "a", &behaviour);
+        // A plugin that never registers (one refused, its process gone)
+        // fails the test instead of leaving the tasks below looping.
+        let registers_by = Instant::now() + REGISTRATION_DEADLINE;
         // Each task keeps starting its container until the plugin is active,
         // so the calls overlap registration, sync and activation.
         let tasks: Vec<_> = ctrs
@@ -65,6 +70,11 @@ async fn r7_registration_vs_start_container_never_deadlocks() {
                         if registered {
                             return calls;
                         }
+                        assert!(
+                            Instant::now() < registers_by,
+                            "iteration {iteration}: plugin 10-a not registered after {REGISTRATION_DEADLINE:?} \
+                             (see its nri-test-plugin line on stderr)"
+                        );
                         tokio::task::yield_now().await;
                     }
                 })
