@@ -357,24 +357,6 @@ impl Plugin {
 mod tests {
     use super::*;
 
-    struct NoHost;
-
-    #[async_trait]
-    impl Host for NoHost {
-        fn reserve(&self, _idx: &str, _base: &str) -> bool {
-            true
-        }
-        fn release(&self, _idx: &str, _base: &str) {}
-        async fn update_containers(
-            &self,
-            _plugin: &str,
-            _update: Vec<api::ContainerUpdate>,
-            _evict: Vec<api::ContainerEviction>,
-        ) -> Result<Vec<api::ContainerUpdate>, BoxError> {
-            Ok(Vec::new())
-        }
-    }
-
     /// A host that keeps the names as the registry does.
     #[derive(Default)]
     struct Names(Mutex<std::collections::HashSet<String>>);
@@ -446,7 +428,11 @@ mod tests {
             registration_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(1),
         };
-        let e = match Plugin::handshake(ours, None, &params, Arc::new(NoHost), |_, _| FailurePolicy::Ignore).await {
+        let e = match Plugin::handshake(ours, None, &params, Arc::new(Names::default()), |_, _| {
+            FailurePolicy::Ignore
+        })
+        .await
+        {
             Err(e) => e,
             Ok(_) => panic!("garbage registered"),
         };
