@@ -296,7 +296,7 @@ fn print_call(label: &str, name: &str, mut d: Vec<Duration>) {
 /// the CRI plugin deletes the exited task (closing its shim connection)
 /// before it marks the container exited, and a StopPodSandbox between
 /// the two still sends that task a Kill, which fails with `ttrpc:
-/// closed` (seen once in about 20 runs).
+/// closed` (seen once in about 16 runs).
 async fn warm_up(cri: &Cri, mut c: Client, handler: &'static str) {
     let cfg = cri.pod_config("density-warm-up", "density", handler, |_| {});
     let pod = c.run_pod(&cfg, handler).await;

@@ -115,18 +115,24 @@ impl Registry {
     }
 
     /// Takes `p` out of the table; whether it was there. Its name is
-    /// given back at once, under the table's lock: a plugin no longer
-    /// listed (see [`Registry::names`]) never keeps a new plugin of its
-    /// name from registering, as it did until its close ran.
+    /// given back at once, under the table's lock: a plugin that failed,
+    /// was removed or lost its connection, once no longer listed (see
+    /// [`Registry::names`]), never keeps a new plugin of its name from
+    /// registering, as it did until its close ran.
     fn take(&self, p: &Arc<Plugin>) -> bool {
         let mut list = write(&self.plugins);
-        let before = list.len();
-        list.retain(|q| !Arc::ptr_eq(q, p));
-        let taken = before != list.len();
+        let taken = Self::unlist(&mut list, p);
         if taken {
             p.release_name();
         }
         taken
+    }
+
+    /// Drops `p` from `list`; whether it was there.
+    fn unlist(list: &mut Vec<Arc<Plugin>>, p: &Arc<Plugin>) -> bool {
+        let before = list.len();
+        list.retain(|q| !Arc::ptr_eq(q, p));
+        before != list.len()
     }
 
     /// Deactivates `p`, closes it and kills its process (if launched).
@@ -139,9 +145,10 @@ impl Registry {
     }
 
     /// Deactivates `p`, asks it to shut down (bounded by `wait`) and
-    /// kills its process (if launched).
+    /// kills its process (if launched). Its name stays taken until that
+    /// shutdown closes it: no second plugin of the name while it runs.
     pub async fn remove_gracefully(&self, p: &Arc<Plugin>, wait: std::time::Duration) {
-        write(&self.plugins).retain(|q| !Arc::ptr_eq(q, p));
+        Self::unlist(&mut write(&self.plugins), p);
         tracing::info!(plugin = %p.name(), "NRI plugin removed");
         p.shutdown(wait).await;
     }
