@@ -18,8 +18,10 @@
 //!   CreateContainer, the latency of each from its submission (p50, p99,
 //!   max). For the creates one at a time it also prints the CPU time a
 //!   create costs the runtime (this process) and the plugin processes
-//!   together: what bounds the latency when the plugins outnumber the
-//!   cores.
+//!   together, and how many times they were put on a CPU: what bounds the
+//!   latency when the plugins outnumber the cores.
+//! * `floor`: the same shapes of calls to echo processes, with no NRI
+//!   code (see [`floor`]).
 //!
 //! A current-thread runtime, as the shim daemon uses. Run with
 //! `cargo build --release -p nri-benches && ./target/release/nri-large-node`
@@ -207,24 +209,61 @@ fn rounds() -> usize {
         .unwrap_or(20)
 }
 
-/// CPU time process `pid` has used so far, all its threads: the first
-/// field (nanoseconds on a CPU) of each thread's `/proc/PID/task/TID/schedstat`.
-fn cpu(pid: u32) -> Duration {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Duration::ZERO;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .map(Duration::from_nanos)
-        .sum()
+/// What a process has used so far, all its threads summed from each
+/// thread's `/proc/PID/task/TID/schedstat`: its first field (nanoseconds
+/// on a CPU) and its third (how many times the thread was put on a CPU,
+/// so about one per wake-up).
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    cpu: Duration,
+    runs: u64,
 }
 
-/// CPU time used so far by the runtime (this process) and by the plugin
-/// processes `pids`: (runtime, plugins).
-fn cpu_split(pids: &[u32]) -> (Duration, Duration) {
-    (cpu(std::process::id()), pids.iter().map(|p| cpu(*p)).sum())
+fn usage(pid: u32) -> Usage {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Usage::default();
+    };
+    let mut u = Usage::default();
+    for t in tasks.flatten() {
+        let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        let f: Vec<u64> = s.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        if let [ns, _, runs] = f[..] {
+            u.cpu += Duration::from_nanos(ns);
+            u.runs += runs;
+        }
+    }
+    u
+}
+
+/// What the runtime (this process) and the processes `pids` have used so
+/// far: (runtime, the others).
+fn usage_split(pids: &[u32]) -> (Usage, Usage) {
+    let others = pids.iter().map(|p| usage(*p)).fold(Usage::default(), |a, b| Usage {
+        cpu: a.cpu + b.cpu,
+        runs: a.runs + b.runs,
+    });
+    (usage(std::process::id()), others)
+}
+
+/// "cpu per create: NAME1 X us (R runs), NAME2 ..." between two
+/// [`usage_split`]s `creates` creates apart.
+fn per_create(names: [&str; 2], before: (Usage, Usage), after: (Usage, Usage), creates: usize) -> String {
+    let one = |b: Usage, a: Usage| {
+        format!(
+            "{:.0} us ({:.1} runs)",
+            a.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / creates as f64,
+            a.runs.saturating_sub(b.runs) as f64 / creates as f64
+        )
+    };
+    format!(
+        "cpu per create: {} {}, {} {}",
+        names[0],
+        one(before.0, after.0),
+        names[1],
+        one(before.1, after.1)
+    )
 }
 
 fn load() -> String {
@@ -335,7 +374,7 @@ fn main() {
     let single = |k: &mut usize, pids: &[u32]| {
         let mut lat = Vec::new();
         let creates = (5 * n).max(20);
-        let (runtime, plugins) = cpu_split(pids);
+        let before = usage_split(pids);
         for _ in 0..creates {
             *k += 1;
             let r = request(*k);
@@ -343,13 +382,7 @@ fn main() {
             rt.block_on(nri.create_container(r)).unwrap();
             lat.push(t0.elapsed());
         }
-        let (runtime_end, plugins_end) = cpu_split(pids);
-        let us = |d: Duration| d.as_secs_f64() * 1e6 / creates as f64;
-        let cpu = format!(
-            "cpu per create: runtime {:.0} us, plugins {:.0} us",
-            us(runtime_end.saturating_sub(runtime)),
-            us(plugins_end.saturating_sub(plugins))
-        );
+        let cpu = per_create(["runtime", "plugins"], before, usage_split(pids), creates);
         lat.sort();
         (lat, cpu)
     };
@@ -418,4 +451,119 @@ fn main() {
     println!("large_node: load average {}", load());
     rt.block_on(nri.stop());
     drop(procs);
+    floor(&rt, &bin, n);
+}
+
+/// One echo process's connection, used by one request at a time (a FIFO
+/// lock: requests reach it in the order they asked, as turns do).
+type EchoConn = Arc<tokio::sync::Mutex<tokio::net::UnixStream>>;
+
+/// Spawns `count` echo processes (`nri-bench-plugin --echo`) on a socket
+/// in `dir`: their connections and the processes.
+async fn echoes(bin: &Path, dir: &Path, count: usize) -> (Vec<EchoConn>, Procs) {
+    let path = dir.join("echo.sock");
+    let l = tokio::net::UnixListener::bind(&path).expect("bind echo socket");
+    let mut procs = Procs(Vec::new());
+    let mut conns = Vec::new();
+    for _ in 0..count {
+        let child = Command::new(bin).arg("--echo").arg(&path).stdin(Stdio::null()).spawn();
+        procs.0.push(child.expect("spawn nri-bench-plugin --echo"));
+        let (c, _) = l.accept().await.expect("echo connects");
+        conns.push(Arc::new(tokio::sync::Mutex::new(c)));
+    }
+    (conns, procs)
+}
+
+/// One round trip of `msg` to an echo process, waiting for its turn on
+/// the connection first.
+async fn echo_once(conn: &EchoConn, msg: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = conn.lock().await;
+    c.write_all(msg).await.expect("write to echo");
+    let mut len = [0u8; 4];
+    c.read_exact(&mut len).await.expect("read from echo");
+}
+
+/// A create's plugin calls with no NRI code: `msg` to every echo side by
+/// side (the original view) or to each after the one before it answered
+/// (the adjusted view).
+async fn echo_create(conns: &[EchoConn], msg: &[u8], side_by_side: bool) {
+    if side_by_side {
+        futures::future::join_all(conns.iter().map(|c| echo_once(c, msg))).await;
+    } else {
+        for c in conns {
+            echo_once(c, msg).await;
+        }
+    }
+}
+
+/// The floor of the `create` figures: the same shapes of calls (one
+/// plugin, 8 in turn or side by side, one at a time and rounds of 50
+/// concurrent requests, each process serving one request at a time in
+/// the order they came) to echo processes that answer each
+/// length-prefixed request with an empty message, no ttrpc, protobuf,
+/// mux or merge in between. What this machine's process wake-ups and
+/// socket calls cost before NRI adds anything; a goal below these
+/// figures is below what the machine allows with plugin processes.
+fn floor(rt: &tokio::runtime::Runtime, bin: &Path, n: usize) {
+    let payload = bench_request().write_to_bytes().expect("encode");
+    let mut msg = (payload.len() as u32).to_be_bytes().to_vec();
+    msg.extend_from_slice(&payload);
+    let msg = Arc::new(msg);
+    let dir = tempfile::tempdir().unwrap();
+    let (one, one_procs) = rt.block_on(echoes(bin, dir.path(), 1));
+    let single = |conns: &[EchoConn], pids: &[u32], side_by_side: bool| {
+        let creates = (5 * n).max(20);
+        let before = usage_split(pids);
+        let mut lat = Vec::new();
+        for _ in 0..creates {
+            let t0 = Instant::now();
+            rt.block_on(echo_create(conns, &msg, side_by_side));
+            lat.push(t0.elapsed());
+        }
+        let cpu = per_create(["caller", "echoes"], before, usage_split(pids), creates);
+        lat.sort();
+        (lat, cpu)
+    };
+    let (rtt, rtt_cpu) = single(&one, &one_procs.pids(), true);
+    println!(
+        "large_node/floor     1 echo, one at a time: p50 {}  p99 {}   {rtt_cpu}",
+        ms(pct(&rtt, 50)),
+        ms(pct(&rtt, 99)),
+    );
+    drop(one);
+    drop(one_procs);
+    let dir = tempfile::tempdir().unwrap();
+    let (conns, procs) = rt.block_on(echoes(bin, dir.path(), PLUGINS));
+    for (name, side_by_side) in [("in turn", false), ("side by side", true)] {
+        let (one_at_a_time, cpu) = single(&conns, &procs.pids(), side_by_side);
+        let mut lat = Vec::new();
+        for _ in 0..n {
+            rt.block_on(async {
+                let mut set = tokio::task::JoinSet::new();
+                for _ in 0..CONCURRENT {
+                    let (conns, msg) = (conns.clone(), msg.clone());
+                    set.spawn(async move {
+                        let t0 = Instant::now();
+                        echo_create(&conns, &msg, side_by_side).await;
+                        t0.elapsed()
+                    });
+                }
+                while let Some(d) = set.join_next().await {
+                    lat.push(d.unwrap());
+                }
+            });
+        }
+        lat.sort();
+        println!(
+            "large_node/floor     {PLUGINS} echoes {name}: one at a time p50 {}  p99 {} ({:.1}x the 1-echo p50, {cpu})   \
+             {CONCURRENT} concurrent: p50 {}  p99 {}  max {}",
+            ms(pct(&one_at_a_time, 50)),
+            ms(pct(&one_at_a_time, 99)),
+            pct(&one_at_a_time, 50).as_secs_f64() / pct(&rtt, 50).as_secs_f64(),
+            ms(pct(&lat, 50)),
+            ms(pct(&lat, 99)),
+            ms(*lat.last().unwrap()),
+        );
+    }
 }
