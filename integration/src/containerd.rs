@@ -11,6 +11,9 @@ use std::{
 /// The runtime name containerd maps to `containerd-shim-nri-shim-v2`.
 pub const RUNTIME: &str = "io.containerd.nri-shim.v2";
 
+/// The runtime type of runc's shim, the one tests compare with.
+pub const RUNC_RUNTIME: &str = "io.containerd.runc.v2";
+
 /// A binary of this workspace, from the target directory the running test
 /// was built into.
 ///
@@ -364,6 +367,7 @@ impl Containerd {
         let fifo = self.dir.path().join("fifo");
         let mut args: Vec<String> = vec!["run".into(), "--fifo-dir".into(), fifo.display().to_string()];
         args.extend(["--runtime".into(), runtime.into()]);
+        args.extend(self.runc_root_flags(runtime));
         args.extend(flags.iter().map(|s| s.to_string()));
         args.extend(["--rootfs".into(), self.rootfs.display().to_string(), id.into()]);
         args.extend(cmd.iter().map(|s| s.to_string()));
@@ -373,6 +377,21 @@ impl Containerd {
 }
 
 impl Containerd {
+    /// The `ctr run` flags that keep runc's state in this instance's
+    /// directory (`--runc-root DIR/runc`) when `runtime` is runc's shim;
+    /// none for any other runtime. Without them runc's shim keeps it in the
+    /// host's `/run/containerd/runc/NAMESPACE`, shared by every test and
+    /// run: a run killed before its cleanup leaves a container there, and
+    /// the next `ctr run` of the same id fails with "container with given
+    /// ID already exists".
+    pub fn runc_root_flags(&self, runtime: &str) -> Vec<String> {
+        if runtime == RUNC_RUNTIME {
+            vec!["--runc-root".into(), self.dir.path().join("runc").display().to_string()]
+        } else {
+            Vec::new()
+        }
+    }
+
     /// The lines `ctr -n NS t attach ID` gets from a running task within
     /// `window` (the attach is killed then), and what ctr printed on stderr.
     pub fn attach_lines(&self, ns: &str, id: &str, window: Duration) -> (Vec<String>, String) {

@@ -11,7 +11,7 @@ use std::{
 
 use integration::containerd::{Containerd, RUNTIME, Setup};
 
-const RUNC: &str = "io.containerd.runc.v2";
+use integration::containerd::RUNC_RUNTIME as RUNC;
 
 use integration::containerd::output_text as text;
 
@@ -20,7 +20,9 @@ fn run_in(c: &Containerd, ns: &str, runtime: &str, id: &str, flags: &[&str], cmd
     let fifo = c.dir.path().join("fifo");
     let rootfs = c.rootfs.display().to_string();
     let fifo = fifo.display().to_string();
+    let root = c.runc_root_flags(runtime);
     let mut args = vec!["-n", ns, "run", "-d", "--fifo-dir", &fifo, "--runtime", runtime];
+    args.extend(root.iter().map(String::as_str));
     args.extend(flags);
     args.extend(["--rootfs", &rootfs, id]);
     args.extend(cmd);

@@ -23,7 +23,7 @@ use integration::{
     containerd::{Containerd, Setup, output_text as text},
 };
 
-const RUNC: &str = "io.containerd.runc.v2";
+use integration::containerd::RUNC_RUNTIME as RUNC;
 const OURS: &str = "io.containerd.nri-shim.v2";
 /// A pod's slice as kubelet's systemd driver names it, and its cgroup.
 const SLICE: &str = "kubepods-besteffort-pod5d1c0e2a.slice";
