@@ -345,7 +345,8 @@ impl Containerd {
     }
 
     /// `ctr run --fifo-dir F --runtime RUNTIME FLAGS --rootfs ROOTFS ID CMD...`
-    /// with any runtime (e.g. `io.containerd.runc.v2` to compare).
+    /// with any runtime (e.g. [`RUNC_RUNTIME`] to compare; runc's shim then
+    /// also gets [`Containerd::runc_root_flags`]).
     ///
     /// # Panics
     /// When another live instance in this test binary has run a container
