@@ -408,42 +408,19 @@ fn main() {
         opts.default_view = view;
         rt.block_on(nri.reconfigure(opts)).expect("reconfigure");
         let (one_at_a_time, one_cpu) = single(&mut k, &procs.pids());
-        let mut lat = Vec::new();
         let t_all = Instant::now();
-        for _ in 0..n {
-            let reqs: Vec<_> = (0..CONCURRENT)
-                .map(|_| {
-                    k += 1;
-                    request(k)
-                })
-                .collect();
-            rt.block_on(async {
-                let mut set = tokio::task::JoinSet::new();
-                for r in reqs {
-                    let nri = nri.clone();
-                    set.spawn(async move {
-                        let t0 = Instant::now();
-                        nri.create_container(r).await.unwrap();
-                        t0.elapsed()
-                    });
-                }
-                while let Some(d) = set.join_next().await {
-                    lat.push(d.unwrap());
-                }
-            });
-        }
+        let lat = concurrent_rounds(&rt, n, || {
+            k += 1;
+            let (nri, r) = (nri.clone(), request(k));
+            async move {
+                nri.create_container(r).await.unwrap();
+            }
+        });
         let wall = t_all.elapsed();
-        lat.sort();
         let view_name = format!("{view:?}").to_lowercase();
         println!(
-            "large_node/create    {PLUGINS} plugins, view {view_name}: one at a time p50 {}  p99 {} ({:.1}x the 1-plugin p50, {one_cpu})   \
-             {CONCURRENT} concurrent: p50 {}  p99 {}  max {}   ({} creates, {:.0}/s)",
-            ms(pct(&one_at_a_time, 50)),
-            ms(pct(&one_at_a_time, 99)),
-            pct(&one_at_a_time, 50).as_secs_f64() / pct(&rtt, 50).as_secs_f64(),
-            ms(pct(&lat, 50)),
-            ms(pct(&lat, 99)),
-            ms(*lat.last().unwrap()),
+            "large_node/create    {PLUGINS} plugins, view {view_name}: {}   ({} creates, {:.0}/s)",
+            shape(&one_at_a_time, &rtt, "plugin", &one_cpu, &lat),
             lat.len(),
             lat.len() as f64 / wall.as_secs_f64(),
         );
@@ -452,6 +429,48 @@ fn main() {
     rt.block_on(nri.stop());
     drop(procs);
     floor(&rt, &bin, n);
+}
+
+/// `n` rounds of [`CONCURRENT`] futures made by `call`, each round's run
+/// at once: the latency of each from its submission, sorted.
+fn concurrent_rounds<F>(rt: &tokio::runtime::Runtime, n: usize, mut call: impl FnMut() -> F) -> Vec<Duration>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut lat = Vec::new();
+    for _ in 0..n {
+        let calls: Vec<F> = (0..CONCURRENT).map(|_| call()).collect();
+        rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for c in calls {
+                set.spawn(async move {
+                    let t0 = Instant::now();
+                    c.await;
+                    t0.elapsed()
+                });
+            }
+            while let Some(d) = set.join_next().await {
+                lat.push(d.unwrap());
+            }
+        });
+    }
+    lat.sort();
+    lat
+}
+
+/// The figures of 8 processes: creates one at a time (p50, p99, and the
+/// p50 as a multiple of the one-`unit` round trip `rtt`, with `cpu`) and
+/// the concurrent rounds `lat` (p50, p99, max). All sorted.
+fn shape(one_at_a_time: &[Duration], rtt: &[Duration], unit: &str, cpu: &str, lat: &[Duration]) -> String {
+    format!(
+        "one at a time p50 {}  p99 {} ({:.1}x the 1-{unit} p50, {cpu})   {CONCURRENT} concurrent: p50 {}  p99 {}  max {}",
+        ms(pct(one_at_a_time, 50)),
+        ms(pct(one_at_a_time, 99)),
+        pct(one_at_a_time, 50).as_secs_f64() / pct(rtt, 50).as_secs_f64(),
+        ms(pct(lat, 50)),
+        ms(pct(lat, 99)),
+        ms(*lat.last().unwrap()),
+    )
 }
 
 /// One echo process's connection, used by one request at a time (a FIFO
@@ -537,33 +556,13 @@ fn floor(rt: &tokio::runtime::Runtime, bin: &Path, n: usize) {
     let (conns, procs) = rt.block_on(echoes(bin, dir.path(), PLUGINS));
     for (name, side_by_side) in [("in turn", false), ("side by side", true)] {
         let (one_at_a_time, cpu) = single(&conns, &procs.pids(), side_by_side);
-        let mut lat = Vec::new();
-        for _ in 0..n {
-            rt.block_on(async {
-                let mut set = tokio::task::JoinSet::new();
-                for _ in 0..CONCURRENT {
-                    let (conns, msg) = (conns.clone(), msg.clone());
-                    set.spawn(async move {
-                        let t0 = Instant::now();
-                        echo_create(&conns, &msg, side_by_side).await;
-                        t0.elapsed()
-                    });
-                }
-                while let Some(d) = set.join_next().await {
-                    lat.push(d.unwrap());
-                }
-            });
-        }
-        lat.sort();
+        let lat = concurrent_rounds(rt, n, || {
+            let (conns, msg) = (conns.clone(), msg.clone());
+            async move { echo_create(&conns, &msg, side_by_side).await }
+        });
         println!(
-            "large_node/floor     {PLUGINS} echoes {name}: one at a time p50 {}  p99 {} ({:.1}x the 1-echo p50, {cpu})   \
-             {CONCURRENT} concurrent: p50 {}  p99 {}  max {}",
-            ms(pct(&one_at_a_time, 50)),
-            ms(pct(&one_at_a_time, 99)),
-            pct(&one_at_a_time, 50).as_secs_f64() / pct(&rtt, 50).as_secs_f64(),
-            ms(pct(&lat, 50)),
-            ms(pct(&lat, 99)),
-            ms(*lat.last().unwrap()),
+            "large_node/floor     {PLUGINS} echoes {name}: {}",
+            shape(&one_at_a_time, &rtt, "echo", &cpu, &lat)
         );
     }
 }
