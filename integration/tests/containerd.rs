@@ -704,25 +704,10 @@ fn metrics_match_runc_on_cgroup_v1() {
         return metrics_match_runc_on_cgroup_v2();
     }
     let c = Containerd::start(Setup::default());
-    let fifo = c.dir.path().join("fifo").display().to_string();
-    let rootfs = c.rootfs.display().to_string();
     // Page cache (a 16 MiB file) and some CPU in user and kernel mode.
     let script = "dd if=/dev/zero of=/tmp/f bs=1M count=16 2>/dev/null; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; cat /tmp/f > /dev/null; sleep 300";
     let metrics = |runtime: &str, id: &str| -> serde_json::Value {
-        let out = c.ctr(&[
-            "run",
-            "--fifo-dir",
-            &fifo,
-            "--runtime",
-            runtime,
-            "-d",
-            "--rootfs",
-            &rootfs,
-            id,
-            "/bin/sh",
-            "-c",
-            script,
-        ]);
+        let out = c.run_with(runtime, id, &["-d"], &["/bin/sh", "-c", script]);
         assert!(out.status.success(), "{runtime}: {}", text(&out));
         c.wait_status(id, "RUNNING");
         // Until the script's work is done.
@@ -796,26 +781,14 @@ fn metrics_match_runc_on_cgroup_v1() {
 /// workload (see [`v2_metrics_facts`]); runc's are reported beside them.
 fn metrics_match_runc_on_cgroup_v2() {
     let c = Containerd::start(Setup::default());
-    let fifo = c.dir.path().join("fifo").display().to_string();
-    let rootfs = c.rootfs.display().to_string();
     let script = "dd if=/dev/zero of=/tmp/f bs=1M count=16 2>/dev/null; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; cat /tmp/f > /dev/null; sleep 300";
     let metrics = |runtime: &str, id: &str| -> serde_json::Value {
-        let out = c.ctr(&[
-            "run",
-            "--fifo-dir",
-            &fifo,
-            "--runtime",
+        let out = c.run_with(
             runtime,
-            "-d",
-            "--memory-limit",
-            "268435456",
-            "--rootfs",
-            &rootfs,
             id,
-            "/bin/sh",
-            "-c",
-            script,
-        ]);
+            &["-d", "--memory-limit", "268435456"],
+            &["/bin/sh", "-c", script],
+        );
         assert!(out.status.success(), "{runtime}: {}", text(&out));
         c.wait_status(id, "RUNNING");
         // Under the VM's emulation the script takes some seconds.

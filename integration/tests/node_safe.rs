@@ -9,11 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration::containerd::{Containerd, RUNTIME, Setup};
-
-use integration::containerd::RUNC_RUNTIME as RUNC;
-
-use integration::containerd::output_text as text;
+use integration::containerd::{Containerd, RUNC_RUNTIME as RUNC, RUNTIME, Setup, output_text as text};
 
 /// `ctr -n NS run -d --runtime RUNTIME [--mount ...] --rootfs ROOTFS ID CMD...`.
 fn run_in(c: &Containerd, ns: &str, runtime: &str, id: &str, flags: &[&str], cmd: &[&str]) {
