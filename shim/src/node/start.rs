@@ -45,7 +45,7 @@ pub(super) fn answers(sock: &Path) -> bool {
 ///
 /// # Errors
 /// When the daemon cannot be started, reports a failure, or does not come
-/// up within 10 s; when the bundle records cannot be written.
+/// up within 30 s; when the bundle records cannot be written.
 pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapParams>) -> anyhow::Result<()> {
     let dir = daemon_dir(state_root, &flags.address);
     let sock = crate::layout::task_socket(&dir);
@@ -99,8 +99,16 @@ pub(super) fn start_lock(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs
         .context("lock start.lock")
 }
 
-/// How long `start` waits for a new daemon's startup result.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `start` waits for a new daemon's startup result. The daemon
+/// reports once its pre-installed plugins have registered (each within
+/// `plugin_registration_timeout`, 5 s by default) and its WebAssembly
+/// plugins are compiled, which on a node busy starting pods takes longer
+/// than on an idle one. containerd and kubelet give a shim's start minutes
+/// (kubelet's runtime request timeout is 2 minutes); this bound only stops
+/// a daemon that will never report. At 10 s the cgroup v2 lane's emulated
+/// VM failed two runs in a row with a WebAssembly and a process plugin
+/// pre-installed (2026-12-07).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The daemon's end of the startup pipe (an fd number) in its environment.
 pub(super) const READY_FD_ENV: &str = "NRI_SHIM_READY_FD";
 /// The fd number the startup pipe has in the daemon.
