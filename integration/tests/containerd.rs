@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use integration::{
     Behaviour, EventLog, cgroup,
-    containerd::{Containerd, Setup, workspace_bin},
+    containerd::{Containerd, RUNC_RUNTIME, RUNTIME, Setup, workspace_bin},
     spawn_plugin,
 };
 
@@ -175,12 +175,8 @@ fn a_missing_executable_is_one_error_line_as_with_runc() {
     };
     for exec in [false, true] {
         let what = if exec { "exec" } else { "run" };
-        let runc = lines("io.containerd.runc.v2", &format!("ctrd-noexe-runc-{what}"), exec);
-        let nri = lines(
-            integration::containerd::RUNTIME,
-            &format!("ctrd-noexe-nri-{what}"),
-            exec,
-        );
+        let runc = lines(RUNC_RUNTIME, &format!("ctrd-noexe-runc-{what}"), exec);
+        let nri = lines(RUNTIME, &format!("ctrd-noexe-nri-{what}"), exec);
         // One line: ctr's error, naming the missing executable.
         integration::parity::expect_lines(
             &format!("{what} /nonexistent"),
@@ -725,8 +721,8 @@ fn metrics_match_runc_on_cgroup_v1() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    let ours = metrics("io.containerd.nri-shim.v2", "ctrd-metrics-nri");
-    let runc = metrics("io.containerd.runc.v2", "ctrd-metrics-runc");
+    let ours = metrics(RUNTIME, "ctrd-metrics-nri");
+    let runc = metrics(RUNC_RUNTIME, "ctrd-metrics-runc");
     // The page cache of the 16 MiB file in the cache and file counters;
     // CPU times in nanoseconds, all three (user + kernel about the total,
     // not 10^7 times smaller as clock ticks would be); the counters never
@@ -813,8 +809,8 @@ fn metrics_match_runc_on_cgroup_v2() {
             std::thread::sleep(Duration::from_millis(1500));
         }
     };
-    let runc = metrics("io.containerd.runc.v2", "ctrd-metrics-runc");
-    let ours = metrics("io.containerd.nri-shim.v2", "ctrd-metrics-nri");
+    let runc = metrics(RUNC_RUNTIME, "ctrd-metrics-runc");
+    let ours = metrics(RUNTIME, "ctrd-metrics-nri");
     eprintln!("runc: {runc}\nnri-shim: {ours}");
     // What containerd's v2 Metrics must say of this container: the
     // sections runc's shim fills, the counters that cannot be zero for it,
@@ -970,10 +966,7 @@ fn task_api(c: &Containerd, id: &str) -> String {
 fn task_api_and_bootstrap_match_the_runc_shim() {
     let c = Containerd::start(Setup::default());
     let mut seen = Vec::new();
-    for (runtime, id) in [
-        ("io.containerd.runc.v2", "boot-runc"),
-        (integration::containerd::RUNTIME, "boot-nri"),
-    ] {
+    for (runtime, id) in [(RUNC_RUNTIME, "boot-runc"), (RUNTIME, "boot-nri")] {
         let out = c.run_with(runtime, id, &["-d"], &["/bin/sleep", "300"]);
         assert!(out.status.success(), "{runtime}: {}", text(&out));
         c.wait_status(id, "RUNNING");
@@ -1052,8 +1045,8 @@ fn idmap_mount_without_mappings_is_refused() {
             format!("failed: {t}")
         }
     };
-    let runc = outcome("io.containerd.runc.v2", "idmap-runc");
-    let nri = outcome(integration::containerd::RUNTIME, "idmap-nri");
+    let runc = outcome(RUNC_RUNTIME, "idmap-runc");
+    let nri = outcome(RUNTIME, "idmap-nri");
     println!(
         "containerd {}\n  runc:     {runc}\n  nri-shim: {nri}",
         integration::containerd::containerd_line()

@@ -20,11 +20,9 @@ use std::{
 
 use integration::{
     cgroup,
-    containerd::{Containerd, Setup, output_text as text},
+    containerd::{Containerd, RUNC_RUNTIME as RUNC, RUNTIME as OURS, Setup, output_text as text},
 };
 
-use integration::containerd::RUNC_RUNTIME as RUNC;
-const OURS: &str = "io.containerd.nri-shim.v2";
 /// A pod's slice as kubelet's systemd driver names it, and its cgroup.
 const SLICE: &str = "kubepods-besteffort-pod5d1c0e2a.slice";
 const SLICE_DIR: &str = "/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5d1c0e2a.slice";
