@@ -21,6 +21,7 @@
 //! | [`error`] | shim errors and their ttrpc codes |
 //! | [`layout`] | where the daemon keeps its files |
 //! | [`priority`] | the control thread's raised priority, never passed on to a container |
+//! | [`private`] | the modes of everything the shim keeps on a node (`0700`, `0600`), and tightening a state root an older version left readable |
 
 #![warn(missing_docs)]
 
@@ -34,6 +35,7 @@ pub mod layout;
 pub mod node;
 pub mod nri;
 pub mod priority;
+pub mod private;
 pub mod stdio;
 pub mod sync;
 pub mod task;

@@ -96,9 +96,10 @@ impl Bundle {
     pub fn write_spec(&self, spec: &Spec) -> Result<()> {
         let path = self.config_path();
         let text = serde_json::to_vec(spec).map_err(|e| ShimError::Runtime(format!("encode adjusted spec: {e}")))?;
-        let tmp = path.with_extension("json.nri-shim.tmp");
-        std::fs::write(&tmp, &text).map_err(|e| ShimError::io(format!("write {}", tmp.display()), e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| ShimError::io(format!("rename to {}", path.display()), e))
+        // 0600: the adjusted spec holds what plugins injected (see
+        // crate::private); only root (containerd, libcontainer) reads it.
+        crate::private::write_atomic(&path, "nri-shim.tmp", &text, false)
+            .map_err(|e| ShimError::io(format!("write {}", path.display()), e))
     }
 
     /// Puts back the `config.json` a failed create rewrote.
@@ -108,7 +109,7 @@ impl Bundle {
 
     /// Records the init's exit status for a `delete` without the daemon.
     pub fn write_exit_status(&self, code: u32) {
-        let _ = std::fs::write(self.dir.join(EXIT_STATUS_FILE), code.to_string());
+        let _ = crate::private::write(&self.dir.join(EXIT_STATUS_FILE), code.to_string());
     }
 
     /// Removes a stale exit status (an id created again).
@@ -299,7 +300,10 @@ fn mount_one(m: &Mount, target: &Path) -> Result<usize> {
     let m = without.as_ref().unwrap_or(m);
     let describe = || format!("mount rootfs {} ({}) on {}", m.source, m.type_, target.display());
     let mut o = parse_options(m)?;
-    std::fs::create_dir_all(target).map_err(|e| ShimError::io("create rootfs dir", e))?;
+    // As containerd's runc shim makes it: a user-namespaced container's
+    // root passes through it.
+    crate::private::dir_with_mode(target, crate::private::TRAVERSE_MODE)
+        .map_err(|e| ShimError::io("create rootfs dir", e))?;
     let userns = idmap.as_ref().map(UserNs::with_map).transpose()?;
     // An idmapped overlay: each lower directory through an idmapped clone,
     // staged next to the rootfs only until the overlay holds its own
@@ -353,7 +357,9 @@ fn stage_idmapped_lowers(data: &mut [String], target: &Path, userns: &UserNs) ->
     let mut rewritten = Vec::new();
     for (i, layer) in lower["lowerdir=".len()..].split(':').enumerate() {
         let at = staged.1.join(i.to_string());
-        std::fs::create_dir_all(&at).map_err(|e| ShimError::io(format!("create {}", at.display()), e))?;
+        // Only mount points: the overlay is mounted by root of the host's
+        // user namespace, which alone looks its lower directories up.
+        crate::private::create_dir_all(&at).map_err(|e| ShimError::io(format!("create {}", at.display()), e))?;
         staged.0.push(at.clone());
         idmap::attach(idmap::idmapped_clone(Path::new(layer), userns, false, true)?, &at)?;
         rewritten.push(at.display().to_string());

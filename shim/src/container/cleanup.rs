@@ -91,10 +91,10 @@ impl CreateLock {
     /// taken (best effort: the caller proceeds without it).
     pub fn acquire(root: &Path, id: &str, timeout: Duration) -> Option<CreateLock> {
         let path = Self::path(root, id);
-        std::fs::create_dir_all(path.parent()?).ok()?;
+        crate::private::create_dir_all(path.parent()?).ok()?;
         let deadline = Instant::now() + timeout;
         loop {
-            let file = std::fs::OpenOptions::new()
+            let file = crate::private::options()
                 .create(true)
                 .truncate(false)
                 .write(true)

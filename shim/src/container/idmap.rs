@@ -424,16 +424,18 @@ pub fn stage_spec_mounts(spec: &mut oci_spec::runtime::Spec, bundle: &Path) -> R
             set_idmap(&tree, &source, ns, has("ridmap"), false)?;
         }
         if staged.0.is_empty() {
-            make_dir(&dir, 0o711)?;
+            // The container's init binds these from inside its user
+            // namespace: its root must pass through.
+            make_dir(&dir, crate::private::TRAVERSE_MODE)?;
         }
         let at = dir.join(n.to_string());
         let is_dir = std::fs::metadata(&source)
             .map_err(|e| ShimError::io(format!("{what}: stat {}", source.display()), e))?
             .is_dir();
         if is_dir {
-            make_dir(&at, 0o755)?;
+            make_dir(&at, crate::private::DIR_MODE)?;
         } else {
-            std::fs::File::create(&at).map_err(|e| ShimError::io(format!("create {}", at.display()), e))?;
+            crate::private::create(&at).map_err(|e| ShimError::io(format!("create {}", at.display()), e))?;
         }
         staged.0.push(at.clone());
         attach(tree, &at)?;

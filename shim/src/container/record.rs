@@ -17,10 +17,7 @@
 //! `linux.cgroupsPath` from the bundle's `config.json`, which the daemon
 //! rewrites with the plugins' adjustments before libcontainer runs it.
 
-use std::{
-    io::Write as _,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -152,10 +149,7 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<(), RecordError> {
         path: path.to_path_buf(),
         source,
     };
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(data).and_then(|()| f.sync_all()).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    crate::private::write_atomic(path, "tmp", data, true).map_err(err)
 }
 
 /// `linux.cgroupsPath` of the bundle's `config.json`, when it has one.

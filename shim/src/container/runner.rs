@@ -195,7 +195,8 @@ impl Process for Watched {
 #[async_trait]
 impl Runner for HelperRunner {
     async fn create(&self, req: CreateRequest<'_>, stdio: [OwnedFd; 3]) -> Result<Arc<dyn Process>> {
-        std::fs::create_dir_all(self.libcontainer_root()).map_err(|e| ShimError::io("create libcontainer root", e))?;
+        crate::private::create_dir_all(&self.libcontainer_root())
+            .map_err(|e| ShimError::io("create libcontainer root", e))?;
         let pid = helper::call(
             &self.exe,
             &helper::Request::Create {
@@ -240,9 +241,10 @@ impl Runner for HelperRunner {
         stdio: [OwnedFd; 3],
     ) -> Result<Arc<dyn Process>> {
         let dir = self.state_root.join("exec");
-        std::fs::create_dir_all(&dir).map_err(|e| ShimError::io("exec state dir", e))?;
+        crate::private::create_dir_all(&dir).map_err(|e| ShimError::io("exec state dir", e))?;
         let file = exec_file(&dir);
-        std::fs::write(&file, serde_json::to_vec(process).unwrap_or_default())
+        // The exec's env and args: private like everything else here.
+        crate::private::write(&file, serde_json::to_vec(process).unwrap_or_default())
             .map_err(|e| ShimError::io("write process.json", e))?;
         let result = helper::call(
             &self.exe,

@@ -231,7 +231,7 @@ pub fn containerd_major(binary: &str, cache_dir: &Path) -> Option<u32> {
     let major = major_of_version_line(&run_version(binary)?)?;
     // Written whole then renamed: a concurrent `start` reads either file.
     let tmp = cache_dir.join(format!(".containerd-version.{}", std::process::id()));
-    if std::fs::write(&tmp, format!("{key}\t{major}\n")).is_ok() {
+    if crate::private::write(&tmp, format!("{key}\t{major}\n")).is_ok() {
         let _ = std::fs::rename(&tmp, &cache);
     }
     Some(major)

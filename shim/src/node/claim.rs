@@ -42,7 +42,7 @@ fn path(daemon_dir: &Path, ns: &str, id: &str) -> PathBuf {
 /// the path).
 pub fn write(daemon_dir: &Path, ns: &str, id: &str) -> std::io::Result<()> {
     let d = dir(daemon_dir);
-    std::fs::create_dir_all(&d).map_err(|e| with_path(e, &d))?;
+    crate::private::create_dir_all(&d)?;
     let p = path(daemon_dir, ns, id);
     // Data written each time, so a renewed claim gets a fresh modification
     // time (the content, the time in seconds, is for a human reader).
@@ -50,7 +50,7 @@ pub fn write(daemon_dir: &Path, ns: &str, id: &str) -> std::io::Result<()> {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
-    std::fs::write(&p, format!("{secs}\n")).map_err(|e| with_path(e, &p))
+    crate::private::write(&p, format!("{secs}\n"))
 }
 
 /// Removes the claim of task `ns/id` (its Create has come); nothing if
@@ -81,10 +81,6 @@ pub fn pending(daemon_dir: &Path, ttl: Duration) -> usize {
         }
     }
     young
-}
-
-fn with_path(e: std::io::Error, p: &Path) -> std::io::Error {
-    std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
 }
 
 #[cfg(test)]

@@ -95,7 +95,7 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
         Some(h) => h.dir.clone(),
         None => daemon_dir(&config.shim.state_root, &flags.address),
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    crate::private::create_dir_all(&dir)?;
     // Targets, not EnvFilter: no regex engine in the resident daemon. The
     // filter was checked when the config was loaded.
     let filter = log_filter(&config.shim.log_level).unwrap_or_default();
@@ -125,6 +125,10 @@ fn daemon_run(flags: &Flags, ready: &mut Ready) -> anyhow::Result<()> {
     // Log lines from here on are written by a thread of their own (see
     // shimlog::start_log_thread): never by the runtime thread.
     crate::node::shimlog::start_log_thread().context("start the log thread")?;
+    // The state root (all of it: every containerd's daemon) as
+    // crate::private makes it, when an older nri-shim left it readable;
+    // also on an in-place upgrade, whose new image starts here.
+    crate::private::tighten_and_log(dir.parent().unwrap_or(&dir));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let r = rt.block_on(serve(flags, config, dir, ready, &set_log_level, resume));
     crate::node::shimlog::flush_log(std::time::Duration::from_secs(2));
@@ -357,8 +361,8 @@ async fn serve(
     });
     started.await.context("the control thread ended")??;
     tracing::info!(socket = %sock.display(), pid = std::process::id(), "nri-shim daemon serving");
-    let _ = std::fs::write(
-        crate::node::upgrade::pid_file(&dir),
+    let _ = crate::private::write(
+        &crate::node::upgrade::pid_file(&dir),
         format!("{}\n", std::process::id()),
     );
     if resumed {

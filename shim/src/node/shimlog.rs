@@ -180,7 +180,7 @@ impl Rotation {
         let mut old = self.path.clone().into_os_string();
         old.push(".1");
         std::fs::rename(&self.path, &old)?;
-        let new = OpenOptions::new().create(true).append(true).open(&self.path)?;
+        let new = crate::private::append(&self.path)?;
         for fd in &self.fds {
             // SAFETY: both fds are open; dup2 atomically replaces `fd`,
             // which stays owned by whoever owned it (stdout, stderr).

@@ -49,7 +49,9 @@ pub(super) fn answers(sock: &Path) -> bool {
 pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapParams>) -> anyhow::Result<()> {
     let dir = daemon_dir(state_root, &flags.address);
     let sock = crate::layout::task_socket(&dir);
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // 0700 from the state root down (see crate::private): what the daemon
+    // keeps there holds what plugins put into containers.
+    crate::private::create_dir_all(&dir)?;
     // Before the daemon is spawned or probed: the first detection runs the
     // containerd binary, and a daemon that exists (or was just spawned)
     // counts its idle time from then on, so the reply must be ready when
@@ -93,7 +95,12 @@ pub fn start_action(flags: &Flags, state_root: &Path, params: Option<&BootstrapP
 /// daemon's launch) and by the daemon around its idle exit; released when
 /// dropped.
 pub(super) fn start_lock(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::File::create(dir.join("start.lock")).context("start lock")?;
+    let file = crate::private::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join("start.lock"))
+        .context("start lock")?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
         .context("lock start.lock")
@@ -123,11 +130,7 @@ fn spawn_daemon(
 ) -> anyhow::Result<(std::process::Child, std::fs::File)> {
     let exe = std::env::current_exe().context("own executable")?;
     let log_path = dir.join("shim.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .with_context(|| format!("open {}", log_path.display()))?;
+    let log = crate::private::append(&log_path)?;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("startup pipe")?;
     let write_fd = std::os::fd::AsRawFd::as_raw_fd(&write);
     let mut cmd = std::process::Command::new(exe);

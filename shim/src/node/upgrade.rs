@@ -285,7 +285,7 @@ pub fn exec(exe: &Path, handover: &Path) -> UpgradeError {
 /// Writes the outcome for the `upgrade` action (atomically).
 pub fn write_result(daemon_dir: &Path, text: &str) {
     let tmp = daemon_dir.join("upgrade.result.tmp");
-    if std::fs::write(&tmp, format!("{}\n", text.replace('\n', " "))).is_ok() {
+    if crate::private::write(&tmp, format!("{}\n", text.replace('\n', " "))).is_ok() {
         let _ = std::fs::rename(&tmp, result_file(daemon_dir));
     }
 }
@@ -519,7 +519,7 @@ impl Upgrade<'_> {
         };
         let path = crate::node::upgrade::handover_file(self.dir);
         let text = serde_json::to_vec(&state).unwrap_or_default();
-        if let Err(e) = std::fs::write(&path, text) {
+        if let Err(e) = crate::private::write(&path, text) {
             return UpgradeError::Io {
                 what: format!("write {}", path.display()),
                 source: e,

@@ -9,7 +9,6 @@
 //! or by `delete` without a daemon.
 
 use std::{
-    io::Write as _,
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -126,13 +125,11 @@ impl AuditRecord {
             source: e,
         };
         let dir = path.parent().expect("a record path has a directory");
-        std::fs::create_dir_all(dir).map_err(|e| write(dir, e))?;
+        // The merged adjustment: what plugins injected, secrets included
+        // (see crate::private).
+        crate::private::create_dir_all(dir).map_err(|e| write(dir, e))?;
         let text = serde_json::to_vec_pretty(self).expect("an audit record serializes");
-        let tmp = path.with_extension("json.tmp");
-        std::fs::File::create(&tmp)
-            .and_then(|mut f| f.write_all(&text))
-            .map_err(|e| write(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| write(&path, e))?;
+        crate::private::write_atomic(&path, "tmp", &text, false).map_err(|e| write(&path, e))?;
         Ok(path)
     }
 

@@ -87,7 +87,7 @@ impl Service {
             .exec_into()
             .map_err(|e| task.refused(&task.init, e))?;
         let dir = self.inner.state_root.join("exec");
-        std::fs::create_dir_all(&dir).map_err(|e| crate::error::ShimError::io("exec state dir", e))?;
+        crate::private::create_dir_all(&dir).map_err(|e| crate::error::ShimError::io("exec state dir", e))?;
         let tag = short_hash(&format!("{}/{}/{}", task.ns, task.id, proc.exec_id));
         let mut io = ProcessIo::prepare(&proc.stdio, &dir.join(format!("{tag}.console")))?;
         let spec = proc.spec.clone().unwrap_or(serde_json::Value::Null);
