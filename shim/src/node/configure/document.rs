@@ -3,7 +3,10 @@
 //! of the runtime handler, and the edit `configure` makes, keeping the
 //! file's comments, order and indentation.
 
-use std::path::{Path, PathBuf};
+use std::{
+    os::unix::fs::OpenOptionsExt as _,
+    path::{Path, PathBuf},
+};
 
 use toml_edit::{DocumentMut, Item, Table, Value};
 
@@ -49,8 +52,20 @@ pub(super) fn write(path: &Path, text: &str) -> Result<(), ConfigureError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
+    // The file keeps its mode: an operator's 0600 config must not come back
+    // 0644. A new file gets the umask's default, as containerd's own.
+    let mode = std::fs::metadata(path)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
+        .unwrap_or(0o666);
     let tmp = path.with_extension("nri-shim.tmp");
-    std::fs::write(&tmp, text).map_err(io)?;
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
 }
 

@@ -517,6 +517,18 @@ mod tests {
     }
 
     #[test]
+    fn the_config_keeps_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_d, req) = host(V2);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        std::fs::set_permissions(req.config_path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        configure(&req).unwrap();
+        assert_eq!(mode(&req.config_path()), 0o600);
+        unconfigure(&req).unwrap();
+        assert_eq!(mode(&req.config_path()), 0o600);
+    }
+
+    #[test]
     fn version_2_gets_the_handler_once_keeping_comments_and_comes_back_byte_for_byte() {
         let (_d, req) = host(V2);
         let report = configure(&req).unwrap();
