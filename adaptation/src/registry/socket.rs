@@ -93,7 +93,8 @@ fn inode(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// Creates the parent directory (0700) and listens on `path`. A stale
+/// Creates the parent directory (0700) and listens on `path`, a socket of
+/// mode 0600 (see [`bind_private`]). A stale
 /// socket is replaced (NRI); unlike upstream, a socket somebody still
 /// listens on (probed without blocking: also one whose backlog is full),
 /// or a path that is not a socket, is an error rather than silently
@@ -148,10 +149,33 @@ async fn bind(path: &Path) -> Result<(UnixListener, (u64, u64)), Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err("cannot inspect the path", e)),
     }
-    let listener = UnixListener::bind(path).map_err(|e| err("cannot listen", e))?;
+    let listener = bind_private(path).map_err(|e| err("cannot listen", e))?;
     let inode =
         inode(path).ok_or_else(|| err("cannot inspect the bound socket", std::io::ErrorKind::NotFound.into()))?;
     Ok((listener, inode))
+}
+
+/// Listens on `path`, a socket only root can connect to (mode 0600) from
+/// its first moment, also where the parent directory is not ours and the
+/// umask is loose: Linux creates a unix socket's file with the mode of the
+/// socket's own inode (less the umask), so that inode is narrowed with
+/// `fchmod` before `bind`. The process umask is left alone (it is shared
+/// with every thread, and with the children they spawn).
+fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, listen, socket};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    nix::sys::stat::fchmod(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &UnixAddr::new(path)?)?;
+    listen(&fd, Backlog::MAXCONN)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(fd))
 }
 
 async fn accept_loop(listener: UnixListener, on_accept: impl Fn(UnixStream) -> bool) {
@@ -167,5 +191,46 @@ async fn accept_loop(listener: UnixListener, on_accept: impl Fn(UnixStream) -> b
         if !on_accept(stream) {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_socket_is_0600_under_a_loose_umask_in_a_shared_directory() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = d.path().join("nri.sock");
+        // The loosest umask containerd could give the runtime; restored
+        // before any other assertion (this is the crate's only umask test).
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let bound = bind(&path).await;
+        nix::sys::stat::umask(old);
+        let (listener, ino) = bound.unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+        assert_eq!(inode(&path), Some(ino));
+        // Reached through the new name; the staging directory is gone.
+        let _client = UnixStream::connect(&path).await.unwrap();
+        let (_server, _) = listener.accept().await.unwrap();
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, ["nri.sock"]);
+    }
+
+    #[tokio::test]
+    async fn a_path_taken_meanwhile_is_in_use() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("nri.sock");
+        std::fs::write(&path, "").unwrap();
+        let e = bind_private(&path).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
     }
 }
