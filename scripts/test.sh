@@ -91,9 +91,9 @@ part "quickstart (docs/quickstart.md on containerd 1.6, 1.7, 2.1)" scripts/tests
 # line from NRI_CONTAINERD.
 for entry in "${NRI_CONTAINERD_LINES[@]}"; do
     line=${entry%% *}
-    part "containerd $line: containerd, cri, configure, installer, node_safe, node_reload, upgrade, kubelet_workload" \
+    part "containerd $line: containerd, cri, configure, installer, node_safe, node_reload, upgrade, kubelet_workload, private_state" \
         env NRI_CONTAINERD="$line" cargo test --locked --no-fail-fast -p integration \
-        --test containerd --test cri --test configure --test installer --test node_safe --test node_reload --test upgrade --test kubelet_workload
+        --test containerd --test cri --test configure --test installer --test node_safe --test node_reload --test upgrade --test kubelet_workload --test private_state
 done
 
 echo "== summary" >&2

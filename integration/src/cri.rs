@@ -175,6 +175,10 @@ fn pick_network() -> (String, String) {
 pub struct CriSetup<'a> {
     /// Pre-installed NRI plugins of the shim: (file name, binary, drop-in config text).
     pub plugins: Vec<(&'a str, PathBuf, String)>,
+    /// The shim's `[shim] log_level`; `None`: `debug`.
+    pub shim_log_level: Option<&'a str>,
+    /// More tables of the shim's config file (`[metrics]`, ...), appended.
+    pub shim_toml: &'a str,
     /// The `containerd-shim-nri-shim-v2` binary the `nri-shim` handler runs;
     /// `None`: this workspace's build next to the test binary.
     pub shim_bin: Option<PathBuf>,
@@ -423,12 +427,14 @@ plugin_config_path = "{conf}"
 [shim]
 state_root = "{state}"
 idle_timeout = "5s"
-log_level = "debug"
-"#,
+log_level = "{log_level}"
+{extra}"#,
                 t = t.display(),
                 plugins = plugin_dir.display(),
                 conf = conf_dir.display(),
                 state = shim_state.display(),
+                log_level = setup.shim_log_level.unwrap_or("debug"),
+                extra = setup.shim_toml,
             ),
         )
         .unwrap();

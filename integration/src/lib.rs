@@ -23,6 +23,8 @@ pub mod cri;
 use serde::{Deserialize, Serialize};
 
 pub mod parity;
+// What an unprivileged local user can read of the shim's state.
+pub mod probe;
 pub mod raw;
 pub mod task;
 
@@ -50,7 +52,8 @@ pub struct Behaviour {
     pub fail: HashMap<String, String>,
     /// Exit the process (status 17) when this event arrives.
     pub exit_on: Option<String>,
-    /// Apply sleep/fail/exit only to this container id.
+    /// Apply sleep/fail/exit only to this container: its id, or its name (a
+    /// CRI container's name is known before containerd picks its id).
     pub only_container: Option<String>,
     /// CreateContainer adjustment, NRI `ContainerAdjustment` in proto JSON.
     pub adjust: Option<serde_json::Value>,

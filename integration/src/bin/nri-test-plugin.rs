@@ -41,7 +41,7 @@ impl TestPlugin {
     async fn script(&self, event: &str, container: Option<&api::Container>) -> Result<(), BoxError> {
         let b = self.b();
         if let (Some(only), Some(c)) = (&b.only_container, container) {
-            if &c.id != only {
+            if &c.id != only && &c.name != only {
                 return Ok(());
             }
         }
