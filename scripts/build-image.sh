@@ -45,20 +45,10 @@ for entry in "${debs[@]}"; do
     read -r pkg ver pool sha <<< "$entry"
     file=${pkg}_${ver}_amd64.deb
     if ! echo "$sha  $cache/$file" | sha256sum -c --quiet >/dev/null 2>&1; then
-        ok=""
-        for url in "$NRI_DEBIAN_MIRROR/pool/$pool/$file" "$NRI_DEBIAN_SNAPSHOT/pool/$pool/$file"; do
-            if curl -fsSL --retry 2 --connect-timeout 20 -o "$cache/$file.tmp" "$url" &&
-                echo "$sha  $cache/$file.tmp" | sha256sum -c --quiet >/dev/null 2>&1; then
-                mv "$cache/$file.tmp" "$cache/$file"
-                ok=1
-                break
-            fi
-        done
-        rm -f "$cache/$file.tmp"
-        if [ -z "$ok" ]; then
-            echo "build-image: $file not found (or its SHA256 differs) at $NRI_DEBIAN_MIRROR and $NRI_DEBIAN_SNAPSHOT" >&2
+        nri_debian_fetch "$pool/$file" "$sha" "$cache/$file" || {
+            echo "build-image: cannot fetch $file" >&2
             exit 1
-        fi
+        }
     fi
     deb_args+=(--deb "$cache/$file")
 done

@@ -2,8 +2,9 @@
 """Assembles the crates.io packages nri-shim builds with its own fixes.
 
 For each crate pinned in patches/crates.toml (libcontainer, libcgroups):
-fetch the .crate from crates.io (or take it from cargo's or our download
-cache), check its SHA256 against the pin and its version against
+take the .crate from our download cache or cargo's (on the first run,
+`cargo fetch` of a small manifest that pins it puts it there, through
+whatever registry cargo is configured to use), check its SHA256 against the pin and its version against
 Cargo.lock, unpack it into .patched-crates/<crate>/ and apply the unified
 diffs patches/<crate>/NNNN-*.patch in order, one git commit each (so that
 `git -C .patched-crates/<crate> diff` shows a change being made for a new
@@ -20,7 +21,7 @@ the hunk. An assembled tree with edits that no patch file carries is not
 replaced unless --force is given (it would lose them).
 
 Usage: scripts/patch-crates.py [--force] [--quiet]
-Needs python3 (3.11: tomllib), git, and network access to static.crates.io
+Needs python3 (3.11: tomllib), git, and cargo with its registry reachable
 on the first run.
 """
 
@@ -33,7 +34,6 @@ import sys
 import tarfile
 import tempfile
 import tomllib
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,6 @@ OUT = ROOT / ".patched-crates"
 CONFIG = ROOT / ".cargo" / "config.toml"
 CONFIG_MARK = "# Written by scripts/patch-crates.py"
 STAMP = ".nri-shim-assembled"
-DOWNLOAD = "https://static.crates.io/crates/{name}/{name}-{version}.crate"
 
 
 class Failure(Exception):
@@ -87,27 +86,47 @@ def stamp_of(name, pin, patches):
     return h.hexdigest()
 
 
+def cargo_cached(fname):
+    """The copies of `fname` in cargo's registry cache (one per registry)."""
+    cargo_home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
+    return sorted((cargo_home / "registry" / "cache").glob(f"*/{fname}"))
+
+
+def cargo_fetch(name, version):
+    """Puts `name` `version` into cargo's cache: `cargo fetch` of a manifest
+    that depends on exactly that version, through cargo's own registry
+    configuration (the workspace cannot: it [patch]es the crate away)."""
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        (d / "Cargo.toml").write_text(
+            '[package]\nname = "nri-shim-crate-fetch"\nversion = "0.0.0"\nedition = "2021"\n'
+            f'[lib]\npath = "lib.rs"\n[dependencies]\n{name} = "={version}"\n')
+        (d / "lib.rs").write_text("")
+        r = subprocess.run(["cargo", "fetch", "--manifest-path", str(d / "Cargo.toml")],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise Failure(f"{name} {version}: cargo fetch failed: {r.stderr.strip()}")
+
+
 def crate_file(name, version, sha256):
     """The .crate file, checked against the pinned SHA256."""
     fname = f"{name}-{version}.crate"
     cache = OUT / ".downloads" / fname
-    cargo_home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
-    candidates = [cache, *sorted((cargo_home / "registry" / "cache").glob(f"*/{fname}"))]
-    for c in candidates:
-        if c.is_file() and hashlib.sha256(c.read_bytes()).hexdigest() == sha256:
-            return c
-    url = DOWNLOAD.format(name=name, version=version)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            data = r.read()
-    except OSError as e:
-        raise Failure(f"{name} {version}: cannot download {url}: {e}") from None
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise Failure(f"{name} {version}: {url} has SHA256 {got}, patches/crates.toml pins {sha256}")
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_bytes(data)
-    return cache
+    for fetched in (False, True):
+        if fetched:
+            cargo_fetch(name, version)
+        found = [c for c in [cache, *cargo_cached(fname)] if c.is_file()]
+        for c in found:
+            if hashlib.sha256(c.read_bytes()).hexdigest() == sha256:
+                if c != cache:
+                    # Kept beside the assembled crates (the tests copy it).
+                    cache.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(c, cache)
+                return cache
+        if fetched and found:
+            got = hashlib.sha256(found[-1].read_bytes()).hexdigest()
+            raise Failure(f"{name} {version}: {found[-1]} has SHA256 {got}, patches/crates.toml pins {sha256}")
+    raise Failure(f"{name} {version}: cargo fetch left no {fname} in cargo's registry cache")
 
 
 def failing_hunk(patch, message):

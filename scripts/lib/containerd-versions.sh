@@ -8,12 +8,75 @@
 # $NRI_CONTAINERD_CACHE/containerd-<line>/ (binaries in usr/bin). Nothing is
 # installed: /usr/bin/containerd and the system's apt state stay as they
 # are. A line already unpacked from the pinned .deb is left alone, so a
-# second run costs nothing. When unstable moves on and the mirror drops a
-# file, snapshot.debian.org still serves it.
+# second run costs nothing.
+#
+# The Debian archive is the one this machine's apt uses (nri_debian_mirror;
+# NRI_DEBIAN_MIRROR overrides it): every Debian mirror has the same pool.
+# When unstable moves on and the mirror drops a pinned file, set
+# NRI_DEBIAN_SNAPSHOT to a snapshot archive of Debian taken while it was
+# there (the base URL, under which pool/ is); it is tried second.
 
 NRI_CONTAINERD_CACHE=${NRI_CONTAINERD_CACHE:-/var/cache/nri-shim}
-NRI_DEBIAN_MIRROR=${NRI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-NRI_DEBIAN_SNAPSHOT=${NRI_DEBIAN_SNAPSHOT:-https://snapshot.debian.org/archive/debian/20261201T000000Z}
+
+# nri_debian_mirror: prints the URI of the first apt source of this
+# machine (one-line sources.list files, then deb822 .sources files) of type
+# deb for its own release ($VERSION_CODENAME), which is Debian's archive
+# (a security archive serves only <release>-security).
+nri_debian_mirror() {
+    if [ -n "${NRI_DEBIAN_MIRROR:-}" ]; then
+        echo "$NRI_DEBIAN_MIRROR"
+        return 0
+    fi
+    local codename mirror
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    mirror=$(
+        {
+            cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+                awk -v c="$codename" '$1 == "deb" {
+                    i = 2
+                    if ($i ~ /^\[/) { while (i < NF && $i !~ /\]$/) i++; i++ }
+                    if ($(i + 1) == c) print $i
+                }'
+            cat /etc/apt/sources.list.d/*.sources 2>/dev/null |
+                awk -v c="$codename" 'BEGIN { RS = "" }
+                {
+                    deb = 0; uri = ""; ours = 0
+                    n = split($0, lines, "\n")
+                    for (j = 1; j <= n; j++) {
+                        if (lines[j] ~ /^#/) continue
+                        split(lines[j], f, /[ \t]+/)
+                        if (f[1] == "Types:" && lines[j] ~ /[ \t]deb([ \t]|$)/) deb = 1
+                        if (f[1] == "URIs:") uri = f[2]
+                        if (f[1] == "Suites:") for (k = 2; k in f; k++) if (f[k] == c) ours = 1
+                    }
+                    if (deb && ours && uri != "") print uri
+                }'
+        } | head -n 1
+    )
+    if [ -z "$mirror" ]; then
+        echo "no apt source for Debian $codename in /etc/apt/sources.list or /etc/apt/sources.list.d: set NRI_DEBIAN_MIRROR to a Debian mirror" >&2
+        return 1
+    fi
+    echo "${mirror%/}"
+}
+
+# nri_debian_fetch POOL_PATH SHA256 DEST: fetches pool/POOL_PATH of Debian's
+# archive (nri_debian_mirror, then $NRI_DEBIAN_SNAPSHOT when set) into DEST,
+# checked against SHA256; says where it looked when it is found nowhere.
+nri_debian_fetch() {
+    local path=$1 sha=$2 dest=$3 mirror base
+    mirror=$(nri_debian_mirror) || return 1
+    for base in "$mirror" ${NRI_DEBIAN_SNAPSHOT:+"$NRI_DEBIAN_SNAPSHOT"}; do
+        if curl -fsSL --retry 2 --connect-timeout 20 -o "$dest.tmp" "$base/pool/$path" &&
+            echo "$sha  $dest.tmp" | sha256sum -c --quiet >/dev/null 2>&1; then
+            mv "$dest.tmp" "$dest"
+            return 0
+        fi
+        rm -f "$dest.tmp"
+    done
+    echo "pool/$path not found (or its SHA256 is not $sha) at $mirror${NRI_DEBIAN_SNAPSHOT:+ and $NRI_DEBIAN_SNAPSHOT}; if Debian dropped it, set NRI_DEBIAN_SNAPSHOT to a snapshot archive that has it" >&2
+    return 1
+}
 
 # line, Debian version, SHA256 of the amd64 .deb
 NRI_CONTAINERD_LINES=(
@@ -31,19 +94,9 @@ nri_containerd_fetch() {
     local file="containerd_${version}_amd64.deb"
     local tmp
     tmp=$(mktemp -d "$NRI_CONTAINERD_CACHE/.fetch-$line.XXXXXX")
-    local url ok=""
-    for url in "$NRI_DEBIAN_MIRROR/pool/main/c/containerd/$file" \
-        "$NRI_DEBIAN_SNAPSHOT/pool/main/c/containerd/$file"; do
-        if curl -fsSL --retry 2 --connect-timeout 20 -o "$tmp/$file" "$url" &&
-            echo "$sha  $tmp/$file" | sha256sum -c --quiet >/dev/null 2>&1; then
-            ok=$url
-            break
-        fi
-        rm -f "$tmp/$file"
-    done
-    if [ -z "$ok" ]; then
+    if ! nri_debian_fetch "main/c/containerd/$file" "$sha" "$tmp/$file"; then
         rm -rf "$tmp"
-        echo "containerd $version: $file not found (or its SHA256 differs) at $NRI_DEBIAN_MIRROR and $NRI_DEBIAN_SNAPSHOT" >&2
+        echo "containerd $version: cannot fetch $file" >&2
         return 1
     fi
     dpkg -x "$tmp/$file" "$tmp/root"
@@ -51,7 +104,7 @@ nri_containerd_fetch() {
     rm -rf "$dest"
     mv "$tmp/root" "$dest"
     rm -rf "$tmp"
-    echo "containerd $version unpacked in $dest (from $ok)" >&2
+    echo "containerd $version unpacked in $dest" >&2
 }
 
 # nri_containerd_versions: every line of NRI_CONTAINERD_LINES, one run at a

@@ -89,8 +89,7 @@ class PatchCrates(unittest.TestCase):
         pins.write_text(pins.read_text().replace('sha256 = "2c', 'sha256 = "3c', 1))
         r = self.run_script()
         self.assertEqual(r.returncode, 1)
-        self.assertIn("libcontainer 0.7.0: https://static.crates.io/crates/libcontainer/libcontainer-0.7.0.crate "
-                      "has SHA256 2c", r.stderr)
+        self.assertRegex(r.stderr, r"libcontainer 0\.7\.0: \S+/libcontainer-0\.7\.0\.crate has SHA256 2c")
 
     def test_a_file_other_than_patches_is_refused(self):
         (self.root / "patches" / "libcgroups" / "lib.rs").write_text("")
