@@ -44,10 +44,11 @@ pub fn output_text(o: &Output) -> String {
 }
 
 /// The containerd line the tests run against: `$NRI_CONTAINERD`, `1.6` (the
-/// system's `/usr/bin/containerd`, Debian 12) when unset; any other line
-/// (`1.7`, `2.1`) is Debian's package unpacked privately by
+/// system's `/usr/bin/containerd`, Debian 12) when unset; `1.7` and `2.1`
+/// are Debian's packages unpacked privately by
 /// `scripts/lib/containerd-versions.sh` under `$NRI_CONTAINERD_CACHE`
-/// (default `/var/cache/nri-shim`), never installed.
+/// (default `/var/cache/nri-shim`), never installed; `2.4` is built from
+/// its Go module with the other reference peers ([`go_peers_bin`]).
 pub fn containerd_line() -> String {
     std::env::var("NRI_CONTAINERD")
         .ok()
@@ -75,7 +76,10 @@ pub fn containerd_bin_dir() -> Option<PathBuf> {
     if line == "1.6" {
         return None;
     }
-    let cache = std::env::var("NRI_CONTAINERD_CACHE").unwrap_or_else(|_| "/var/cache/nri-shim".into());
+    if line == GO_LINE {
+        return Some(go_peers_bin());
+    }
+    let cache = nri_cache();
     let dir = Path::new(&cache).join(format!("containerd-{line}/usr/bin"));
     assert!(
         dir.join("containerd").exists() && dir.join("ctr").exists(),
@@ -86,12 +90,51 @@ pub fn containerd_bin_dir() -> Option<PathBuf> {
     Some(dir)
 }
 
+/// The containerd line built from its Go module (`peers/go.mod`).
+pub const GO_LINE: &str = "2.4";
+
+fn nri_cache() -> String {
+    std::env::var("NRI_CONTAINERD_CACHE").unwrap_or_else(|_| "/var/cache/nri-shim".into())
+}
+
+/// The programs of the Go reference peers (`peers/go.mod`: containerd
+/// 2.4, runc 1.5, critest, crictl): `$NRI_GO_PEERS_BIN`, which
+/// `scripts/lib/go-peers.sh` exports, else the cache's newest build.
+///
+/// # Panics
+/// When they are not built (run `scripts/go-peers.sh`).
+pub fn go_peers_bin() -> PathBuf {
+    let dir = std::env::var_os("NRI_GO_PEERS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&nri_cache()).join("go-peers/current/bin"));
+    assert!(
+        dir.join("containerd").exists() && dir.join("runc").exists(),
+        "{} has no Go reference peers: scripts/go-peers.sh builds them (scripts/test.sh runs it)",
+        dir.display()
+    );
+    dir
+}
+
+/// The runc every comparison runs: runc 1.5, built from its Go module with
+/// the other reference peers ([`go_peers_bin`]), not Debian 12's 1.1.5.
+pub fn runc_bin() -> PathBuf {
+    go_peers_bin().join("runc")
+}
+
 /// A binary of the containerd under test (`containerd`, `ctr`, ...).
 pub fn containerd_cmd(name: &str) -> Command {
     match containerd_bin_dir() {
         Some(d) => Command::new(d.join(name)),
         None => Command::new(name),
     }
+}
+
+/// Whether the containerd under test asks every runtime handler for its
+/// features (`<shim> -info`), as containerd 2.2.7, 2.3.4 and 2.4 do; 2.0
+/// to 2.2.6 ask only handlers of runtime type `io.containerd.runc.v2`, 1.x
+/// none.
+pub fn introspects_every_handler() -> bool {
+    containerd_line() == GO_LINE
 }
 
 /// TOML for containerd's config (version 2, which 2.x migrates): its own
@@ -378,16 +421,22 @@ impl Containerd {
 }
 
 impl Containerd {
-    /// The `ctr run` flags that keep runc's state in this instance's
-    /// directory (`--runc-root DIR/runc`) when `runtime` is runc's shim;
-    /// none for any other runtime. Without them runc's shim keeps it in the
-    /// host's `/run/containerd/runc/NAMESPACE`, shared by every test and
-    /// run: a run killed before its cleanup leaves a container there, and
-    /// the next `ctr run` of the same id fails with "container with given
-    /// ID already exists".
+    /// The `ctr run` flags of runc's shim when `runtime` is it (none for
+    /// any other runtime): the reference runc ([`runc_bin`], runc 1.5,
+    /// `--runc-binary`), and runc's state in this instance's directory
+    /// (`--runc-root DIR/runc`). Without the latter runc's shim keeps it in
+    /// the host's `/run/containerd/runc/NAMESPACE`, shared by every test
+    /// and run: a run killed before its cleanup leaves a container there,
+    /// and the next `ctr run` of the same id fails with "container with
+    /// given ID already exists".
     pub fn runc_root_flags(&self, runtime: &str) -> Vec<String> {
         if runtime == RUNC_RUNTIME {
-            vec!["--runc-root".into(), self.dir.path().join("runc").display().to_string()]
+            vec![
+                "--runc-binary".into(),
+                runc_bin().display().to_string(),
+                "--runc-root".into(),
+                self.dir.path().join("runc").display().to_string(),
+            ]
         } else {
             Vec::new()
         }

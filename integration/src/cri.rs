@@ -227,15 +227,16 @@ fn as_runc_handler(bin: &Path) -> String {
     )
 }
 
-fn systemd_handlers(dir: &Path) -> String {
+fn systemd_handlers(dir: &Path, runc: &Path) -> String {
     let options = dir.join("nri-shim-systemd.toml");
     std::fs::write(&options, "SystemdCgroup = true\n").unwrap();
     let r = r#"[plugins."io.containerd.grpc.v1.cri".containerd.runtimes"#;
     format!(
         "    {r}.runc-systemd]\n      runtime_type = \"io.containerd.runc.v2\"\n    \
-         {r}.runc-systemd.options]\n      SystemdCgroup = true\n    \
+         {r}.runc-systemd.options]\n      SystemdCgroup = true\n      BinaryName = \"{}\"\n    \
          {r}.nri-shim-systemd]\n      runtime_type = \"io.containerd.nri-shim.v2\"\n    \
          {r}.nri-shim-systemd.options]\n      ConfigPath = \"{}\"\n",
+        runc.display(),
         options.display()
     )
 }
@@ -288,7 +289,8 @@ impl Cri {
             require("ctr", "containerd");
             require("containerd-shim-runc-v2", "containerd");
         }
-        require("runc", "runc");
+        // The reference handler's runc (1.5, from the Go peers).
+        let runc = crate::containerd::runc_bin();
         require("ip", "iproute2");
         for p in ["bridge", "host-local", "loopback", "portmap"] {
             require_file(&format!("/usr/lib/cni/{p}"), "containernetworking-plugins");
@@ -382,6 +384,8 @@ state = "{run}/state"
     snapshotter = "overlayfs"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
 {runc_root}{nri_shim_handler}{systemd_handlers}{as_runc}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
@@ -393,14 +397,12 @@ state = "{run}/state"
                 cni_conf = cni_conf.display(),
                 nri_off = containerd_nri_off(),
                 as_runc = as_runc_handler(&bin),
+                runc = runc.display(),
                 // runc keeps its state under `/run/containerd/runc` unless
                 // told otherwise: on the run's tmpfs too, so both runtimes
                 // keep their state in memory as on a node.
                 runc_root = if setup.run_on_tmpfs {
-                    format!(
-                        "      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n        Root = \"{}/runc\"\n",
-                        run.display()
-                    )
+                    format!("        Root = \"{}/runc\"\n", run.display())
                 } else {
                     String::new()
                 },
@@ -410,7 +412,7 @@ state = "{run}/state"
                     "    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nri-shim]\n      runtime_type = \"io.containerd.nri-shim.v2\"\n"
                 },
                 systemd_handlers = if setup.systemd_handlers {
-                    systemd_handlers(&t)
+                    systemd_handlers(&t, &runc)
                 } else {
                     String::new()
                 },

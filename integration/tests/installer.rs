@@ -111,14 +111,33 @@ impl Installer {
     }
 }
 
-/// `containerd config dump` of `config` (on this line).
-fn dump(config: &Path) -> String {
+/// `containerd config dump` (on this line) of `config`, a node's config
+/// kept under the host root `root`: its `imports` name the node's paths,
+/// read here under `root` (a view file with those paths rewritten), as
+/// containerd on that node would read them.
+fn dump(root: &Path, config: &Path) -> String {
+    let text = std::fs::read_to_string(config).unwrap();
+    let view_text: String = text
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("imports") {
+                l.replace("'/", &format!("'{}/", root.display()))
+                    .replace("\"/", &format!("\"{}/", root.display()))
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let view = root.join("view.toml");
+    std::fs::write(&view, view_text).unwrap();
     let o = containerd_cmd("containerd")
         .arg("--config")
-        .arg(config)
+        .arg(&view)
         .args(["config", "dump"])
         .output()
         .expect("containerd config dump");
+    std::fs::remove_file(&view).unwrap();
     assert!(
         o.status.success(),
         "containerd config dump {}: {}",
@@ -213,7 +232,7 @@ fn the_lines_default_config_is_installed_and_given_back() {
     std::fs::create_dir_all(main.parent().unwrap()).unwrap();
     std::fs::write(&main, default_config()).unwrap();
     install_and_remove(root.path(), &main, || {
-        let d = dump(&main);
+        let d = dump(root.path(), &main);
         assert!(
             d.contains("runtimes.nri-shim]") && d.contains("io.containerd.nri-shim.v2"),
             "containerd's view lacks the handler:\n{d}"
@@ -227,11 +246,16 @@ fn a_config_importing_a_directory_gets_a_drop_in_and_loses_it_again() {
     let main = root.path().join("etc/containerd/config.toml");
     std::fs::create_dir_all(root.path().join("etc/containerd/conf.d")).unwrap();
     let text = String::from_utf8(default_config()).unwrap();
-    assert!(
-        text.contains("imports = []"),
-        "the default config has no empty imports:\n{text}"
-    );
-    let with_imports = text.replace("imports = []", "imports = [\"/etc/containerd/conf.d/*.toml\"]");
+    // containerd 2.4's default already imports that directory.
+    let with_imports = if text.contains("imports = ['/etc/containerd/conf.d/*.toml']") {
+        text.clone()
+    } else {
+        assert!(
+            text.contains("imports = []"),
+            "the default config has no empty imports:\n{text}"
+        );
+        text.replace("imports = []", "imports = [\"/etc/containerd/conf.d/*.toml\"]")
+    };
     std::fs::write(&main, &with_imports).unwrap();
     let drop_in = root.path().join("etc/containerd/conf.d/nri-shim.toml");
     install_and_remove(root.path(), &main, || {
@@ -241,16 +265,7 @@ fn a_config_importing_a_directory_gets_a_drop_in_and_loses_it_again() {
             "the main file is not touched"
         );
         assert!(drop_in.exists());
-        // containerd reads the drop-in where the node's path points: the
-        // same file seen through an import of its path in the temp root.
-        let view = root.path().join("view.toml");
-        std::fs::write(
-            &view,
-            text.replace("imports = []", &format!("imports = [\"{}\"]", drop_in.display())),
-        )
-        .unwrap();
-        let d = dump(&view);
-        std::fs::remove_file(&view).unwrap();
+        let d = dump(root.path(), &main);
         assert!(
             d.contains("runtimes.nri-shim]") && d.contains("io.containerd.nri-shim.v2"),
             "containerd's view lacks the handler:\n{d}"
@@ -486,7 +501,7 @@ fn a_running_containerd_is_restarted_serves_a_pod_takes_an_upgrade_in_place_and_
             st.success() && out.contains("this pod is being replaced, nri-shim stays installed"),
             "{out}"
         );
-        assert!(dump(&config).contains("runtimes.nri-shim]"));
+        assert!(dump(host.path(), &config).contains("runtimes.nri-shim]"));
         assert!(bin.exists());
         assert_eq!(api.labels()["nri-shim.io/runtime"], "installed");
 

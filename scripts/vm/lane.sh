@@ -8,7 +8,7 @@
 # repository builds here; then the systemd cgroup driver's tests
 # (integration/tests/systemd_cgroup.rs) in a second VM with systemd as
 # PID 1 (NRI_VM_INIT=systemd), once against each containerd line (1.6,
-# 1.7, 2.1). As root on Debian 12; .ci/run runs it after
+# 1.7, 2.1, 2.4). As root on Debian 12; .ci/run runs it after
 # scripts/test.sh, whose test build it reuses.
 #
 # Exit status 0 when every test passes or fails as a known v2 divergence
@@ -64,12 +64,15 @@ echo "== cgroup v2 lane, systemd variant: booting the VM with systemd as PID 1"
 sd_start=$(date +%s)
 sd_rc=0
 # The suite against every containerd line the project tests (1.6, the
-# host's, then scripts/lib/containerd-versions.sh's): nodes run the
-# systemd driver on 1.7 and 2.x most.
+# host's, then scripts/lib/containerd-versions.sh's, then 2.4 from the Go
+# peers, which the VM finds in the host's cache): nodes run the systemd
+# driver on 1.7 and 2.x most.
 . scripts/lib/containerd-versions.sh
+. scripts/lib/go-peers.sh
 nri_containerd_versions
+nri_go_peers
 sd_suites=("systemd_cgroup=$systemd_cgroup")
-for entry in "${NRI_CONTAINERD_LINES[@]}"; do sd_suites+=("systemd_cgroup@${entry%% *}=$systemd_cgroup"); done
+for line in "${NRI_CONTAINERD_LINES[@]%% *}" 2.4; do sd_suites+=("systemd_cgroup@$line=$systemd_cgroup"); done
 NRI_VM_INIT=systemd NRI_VM_TIMEOUT=$((900 * ${#sd_suites[@]})) scripts/vm/run.sh scripts/vm/suites.sh "${sd_suites[@]}" \
     > "$sd_log" 2>&1 || sd_rc=$?
 sd_secs=$(($(date +%s) - sd_start))

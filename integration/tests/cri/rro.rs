@@ -5,7 +5,8 @@
 //! not, or with a propagation other than private. On containerd 2.1 only a
 //! handler of runtime type `io.containerd.runc.v2` is asked for its
 //! features, so nri-shim is declared so here (`nri-shim-as-runc`, with
-//! `runtime_path`; see docs/operator-guide.md).
+//! `runtime_path`; see docs/operator-guide.md); containerd 2.4 asks every
+//! handler, and nri-shim runs these under its own runtime type as well.
 
 use super::{NS, both, log_with, pod};
 use integration::{
@@ -84,33 +85,42 @@ async fn recursive_read_only_volumes_as_with_runc() {
         );
         return;
     }
+    // containerd 2.4 asks every handler for its features: nri-shim under
+    // its own runtime type too.
+    let handlers: &[&'static str] = if integration::containerd::introspects_every_handler() {
+        &[AS_RUNC, "nri-shim"]
+    } else {
+        &[AS_RUNC]
+    };
     for (recursive, propagation, contract) in [
         (true, PropagationPrivate, "/mnt/h read-only, /mnt/h/sub read-only"),
         (false, PropagationPrivate, "/mnt/h read-only, /mnt/h/sub writable"),
         // CRI: "recursive read-only mount needs private propagation".
         (true, PropagationHostToContainer, "refused"),
     ] {
-        let (runc, nri) = tokio::join!(
-            rro(cri, "runc", recursive, propagation),
-            rro(cri, AS_RUNC, recursive, propagation)
-        );
-        let refused = |s: String| {
-            if s.starts_with("refused") {
-                "refused".to_string()
-            } else {
-                s
-            }
-        };
-        expect_value(
-            &format!("recursiveReadOnly {recursive}, {propagation:?} (nri-shim as {AS_RUNC})"),
-            &contract.to_string(),
-            &refused(runc),
-            &refused(nri),
-        );
+        for &h in handlers {
+            let (runc, nri) = tokio::join!(
+                rro(cri, "runc", recursive, propagation),
+                rro(cri, h, recursive, propagation)
+            );
+            let refused = |s: String| {
+                if s.starts_with("refused") {
+                    "refused".to_string()
+                } else {
+                    s
+                }
+            };
+            expect_value(
+                &format!("recursiveReadOnly {recursive}, {propagation:?} ({h})"),
+                &contract.to_string(),
+                &refused(runc),
+                &refused(nri),
+            );
+        }
     }
-    // Not sent to the plain `nri-shim` handler, which containerd 2.1 does
-    // not ask for features: its CRI then dereferences the handler's missing
-    // features and exits (v2.1.9 internal/cri/opts/spec_linux_opts.go,
+    // Not sent to the plain `nri-shim` handler where containerd does not
+    // ask it for features (2.1): its CRI then dereferences the handler's
+    // missing features and exits (v2.1.9 internal/cri/opts/spec_linux_opts.go,
     // withMounts: `handler.Features.RecursiveReadOnlyMounts` with
     // `Features` nil). kubelet refuses such a pod itself, from the
     // handler's features in CRI Status.

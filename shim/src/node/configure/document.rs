@@ -1,5 +1,5 @@
 //! containerd's `config.toml` as a `toml_edit` document: which layout
-//! (version 2 for containerd 1.6 and 1.7, 3 for 2.x), the tables and keys
+//! (version 2 for containerd 1.6 and 1.7, 3 for 2.0 to 2.3, 4 for 2.4), the tables and keys
 //! of the runtime handler, and the edit `configure` makes, keeping the
 //! file's comments, order and indentation.
 
@@ -12,20 +12,25 @@ use toml_edit::{DocumentMut, Item, Table, Value};
 
 use super::{ConfigureError, ContainerdNri, OPTIONS_FILE, RUNC_TYPE, RUNTIME_TYPE, Request, SystemdCgroup};
 
-/// The two layouts containerd's config has had.
+/// The config versions `configure` edits. The runtime handlers' tables
+/// moved between 2 and 3 (containerd 2.0); version 4 (containerd 2.4)
+/// moved only the server settings (`[grpc]`, `[ttrpc]`, `[debug]`,
+/// `[metrics]`) into plugin tables, and keeps 3's handler tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Version {
     /// containerd 1.6, 1.7.
     V2,
-    /// containerd 2.x.
+    /// containerd 2.0 to 2.3.
     V3,
+    /// containerd 2.4.
+    V4,
 }
 
 impl Version {
     pub(super) fn cri_plugin(self) -> &'static str {
         match self {
             Version::V2 => "io.containerd.grpc.v1.cri",
-            Version::V3 => "io.containerd.cri.v1.runtime",
+            Version::V3 | Version::V4 => "io.containerd.cri.v1.runtime",
         }
     }
 
@@ -33,7 +38,13 @@ impl Version {
         match self {
             Version::V2 => 2,
             Version::V3 => 3,
+            Version::V4 => 4,
         }
+    }
+
+    /// A containerd 2.x layout.
+    pub(super) fn is_2x(self) -> bool {
+        self != Version::V2
     }
 }
 
@@ -80,6 +91,7 @@ pub(super) fn version_of(path: &Path, doc: &DocumentMut) -> Result<Version, Conf
     match doc.get("version").and_then(Item::as_integer) {
         Some(2) => Ok(Version::V2),
         Some(3) => Ok(Version::V3),
+        Some(4) => Ok(Version::V4),
         other => Err(ConfigureError::Version {
             path: path.to_path_buf(),
             found: other.map_or_else(|| "absent".to_string(), |v| v.to_string()),
@@ -266,7 +278,7 @@ pub(super) fn edit(
     let nri_disable = nri_table.and_then(|t| t.get("disable")).and_then(Item::as_bool);
     let nri_on = match nri_disable {
         Some(disable) => !disable,
-        None => v == Version::V3,
+        None => v.is_2x(),
     };
     let nri_socket = nri_table
         .and_then(|t| t.get("socket_path"))

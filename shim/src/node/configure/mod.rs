@@ -4,8 +4,10 @@
 //! byte.
 //!
 //! containerd 1.6 and 1.7 read config version 2 (the CRI plugin's handlers
-//! under `plugins."io.containerd.grpc.v1.cri".containerd.runtimes`), 2.x
-//! version 3 (`plugins."io.containerd.cri.v1.runtime".containerd.runtimes`).
+//! under `plugins."io.containerd.grpc.v1.cri".containerd.runtimes`), 2.0 to
+//! 2.3 version 3 (`plugins."io.containerd.cri.v1.runtime".containerd.runtimes`),
+//! 2.4 version 4 (the same handler tables; its server settings moved into
+//! plugin tables).
 //! Where the main file imports a directory (`imports = ["/etc/containerd/
 //! conf.d/*.toml"]`) the handler goes into a drop-in file there, and the
 //! main file is not touched; containerd merges imported files into it.
@@ -71,8 +73,9 @@ pub enum ConfigureError {
     },
     /// A config version this tool does not know.
     #[error(
-        "{path}: key `version` is {found}: only containerd's config versions 2 (containerd 1.6, 1.7) and 3 \
-         (containerd 2.x) are understood; write the file with `containerd config default` first"
+        "{path}: key `version` is {found}: only containerd's config versions 2 (containerd 1.6, 1.7), 3 \
+         (containerd 2.0 to 2.3) and 4 (containerd 2.4) are understood; write the file with `containerd config \
+         default` first"
     )]
     Version {
         /// The file.
@@ -603,6 +606,24 @@ mod tests {
         );
         unconfigure(&req).unwrap();
         assert_eq!(file(&req), V3);
+    }
+
+    #[test]
+    fn version_4_has_version_3s_handler_tables() {
+        let v4 = V3.replace("version = 3\n", "version = 4\n")
+            + "  [plugins.'io.containerd.server.v1.grpc']\n    address = '/run/containerd/containerd.sock'\n";
+        let (_d, mut req) = host(&v4);
+        req.containerd_nri = ContainerdNri::Disable;
+        configure(&req).unwrap();
+        let text = file(&req);
+        assert!(
+            text.contains("[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nri-shim]")
+                && text.contains("runtime_type = \"io.containerd.nri-shim.v2\""),
+            "{text}"
+        );
+        assert!(text.starts_with("version = 4\n"), "{text}");
+        unconfigure(&req).unwrap();
+        assert_eq!(file(&req), v4);
     }
 
     #[test]
