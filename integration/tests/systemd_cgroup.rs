@@ -316,9 +316,10 @@ fn scopes_match_runc() {
     let ours = observe(OURS, "sd-nri");
     assert!(c.libcontainer_states().is_empty(), "{:?}", c.libcontainer_states());
     // The limit, then the update's, in the file, the unit and Task.Stats;
-    // the scope in the pod's slice with the init and the exec; runc 1.1's
-    // linear weight for 512 shares, the unit's quota in whole percents and
-    // the file's exact.
+    // the scope in the pod's slice with the init and the exec; runc 1.5's
+    // quadratic weight for 512 shares (runc 1.1's linear map gave 20), the
+    // quota in whole percents in the unit and the file (runc 1.1 wrote the
+    // exact quota, 12345, to the file).
     let contract: Result<Seen, String> = Ok(Seen {
         memory_max: "134217728".into(),
         unit_memory_max_after_update: "100663296".into(),
@@ -326,7 +327,7 @@ fn scopes_match_runc() {
         slice: SLICE.into(),
         pids_in_scope: 2,
         metrics_limit: 100663296,
-        cpu: ["20", "12345 100000", "20", "130ms"].map(String::from),
+        cpu: ["59", "13000 100000", "59", "130ms"].map(String::from),
     });
     integration::parity::expect_value("the systemd driver's scope", &contract, &runc, &ours);
 }

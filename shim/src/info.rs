@@ -13,8 +13,9 @@
 //! or itself for idmapped mounts: see `container::idmap`); options that
 //! need a kernel facility (the recursive `r*` mount options and idmapped
 //! mounts need `mount_setattr(2)`, Linux 5.12) are listed only when the
-//! running kernel has it. Not listed: the time namespace (not exercised
-//! through this shim), SELinux process labels (libcontainer
+//! running kernel has it (the time namespace, with `linux.timeOffsets`, as
+//! runc 1.5 lists it: `shim/tests/runc_parity.rs` runs one beside runc).
+//! Not listed: SELinux process labels (libcontainer
 //! applies mount labels only), the systemd cgroup driver of a user
 //! manager (`systemdUser`). The system manager's driver (`systemd`) is
 //! listed as runc lists it, whatever the host: a task asking for it on a
@@ -118,12 +119,13 @@ const RECURSIVE_MOUNT_OPTIONS: [&str; 18] = [
 /// tests). Not listed: `time`. containerd 2.x's CRI reports a handler as
 /// able to run user-namespaced pods when `user` is listed and idmapped
 /// mounts are enabled.
-const NAMESPACES: [LinuxNamespaceType; 7] = [
+const NAMESPACES: [LinuxNamespaceType; 8] = [
     LinuxNamespaceType::Cgroup,
     LinuxNamespaceType::Ipc,
     LinuxNamespaceType::Mount,
     LinuxNamespaceType::Network,
     LinuxNamespaceType::Pid,
+    LinuxNamespaceType::Time,
     LinuxNamespaceType::User,
     LinuxNamespaceType::Uts,
 ];
@@ -488,14 +490,14 @@ mod tests {
     }
 
     #[test]
-    fn namespaces_the_kernel_lacks_and_time_are_not_claimed() {
+    fn namespaces_the_kernel_lacks_are_not_claimed() {
         let mut k = kernel(true);
         k.namespaces.retain(|n| n != "cgroup");
         k.namespaces.push("time".into());
         let f = json(&runtime_info(&[], &k).unwrap());
         assert_eq!(
             f["linux"]["namespaces"],
-            serde_json::json!(["ipc", "mount", "network", "pid", "user", "uts"])
+            serde_json::json!(["ipc", "mount", "network", "pid", "time", "user", "uts"])
         );
     }
 

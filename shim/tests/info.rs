@@ -1,7 +1,7 @@
 //! `containerd-shim-nri-shim-v2 -info` as containerd 2.x runs it (issue 9
 //! item 5): runtime options on stdin, a `RuntimeInfo` protobuf on stdout,
-//! the features compared with `runc features` (Debian's runc, the
-//! reference) on this machine.
+//! the features compared with `runc features` (runc 1.5, the reference,
+//! from the Go peers) on this machine.
 
 use std::{
     io::Write as _,
@@ -13,6 +13,9 @@ use containerd_shim_protos::{
     types::introspection::RuntimeInfo,
 };
 use serde_json::Value;
+
+#[allow(dead_code)] // only its runc()
+mod common;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-nri-shim-v2");
 
@@ -35,11 +38,7 @@ fn run_info(stdin: &[u8]) -> (bool, Vec<u8>, String) {
 }
 
 fn runc_features() -> Value {
-    let runc = ["/usr/sbin/runc", "/usr/bin/runc"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("runc missing: apt-get install runc (the reference -info is compared with)");
-    let out = Command::new(runc).arg("features").output().unwrap();
+    let out = Command::new(common::runc()).arg("features").output().unwrap();
     assert!(
         out.status.success(),
         "runc features: {}",

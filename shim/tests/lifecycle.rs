@@ -910,7 +910,7 @@ async fn unified_resources_are_refused_on_cgroup_v1_as_by_runc() {
     assert!(!cgroup_exists("unified"));
     // runc on the same bundle.
     let root = f.dir.path().join("runc-root");
-    let out = std::process::Command::new("runc")
+    let out = std::process::Command::new(common::runc())
         .arg("--root")
         .arg(&root)
         .args(["run", "--bundle"])
@@ -918,8 +918,8 @@ async fn unified_resources_are_refused_on_cgroup_v1_as_by_runc() {
         .arg("unified-runc")
         .stdin(std::process::Stdio::null())
         .output()
-        .expect("runc (apt-get install runc)");
-    let _ = std::process::Command::new("runc")
+        .expect("runc");
+    let _ = std::process::Command::new(common::runc())
         .arg("--root")
         .arg(&root)
         .args(["delete", "-f", "unified-runc"])
@@ -958,7 +958,7 @@ async fn unified_resources_are_written_on_cgroup_v2_as_by_runc(f: Fixture, bundl
     let root = f.dir.path().join("runc-root");
     let log = f.dir.path().join("runc.err");
     let runc = |args: &[&str]| {
-        std::process::Command::new("runc")
+        std::process::Command::new(common::runc())
             .arg("--root")
             .arg(&root)
             .args(args)
@@ -966,7 +966,7 @@ async fn unified_resources_are_written_on_cgroup_v2_as_by_runc(f: Fixture, bundl
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .status()
-            .expect("runc (apt-get install runc)")
+            .expect("runc")
     };
     let created = runc(&["create", "--bundle", bundle.to_str().unwrap(), "unified-runc"]);
     let err = std::fs::read_to_string(&log).unwrap_or_default();
@@ -1030,7 +1030,8 @@ fn cpu_weight_or_shares(id: &str) -> String {
 /// at create and at update (issue 12 item 4): a swap limit equal to the
 /// memory limit (what CRI sends for every limited container) is no swap,
 /// `memory.swap.max` 0 on cgroup v2 (libcgroups left `max`); CPU shares
-/// become runc's `cpu.weight` (512 → 20; libcgroups gave 59). The same
+/// become runc 1.5's `cpu.weight` (512 → 59, 1024 → 100: its quadratic
+/// map, libcgroups' too; runc 1.1's linear one gave 20 and 39). The same
 /// bundle and the same update through runc (created, not started) must
 /// give the same files, on v1 and v2.
 #[tokio::test(flavor = "current_thread")]
@@ -1100,7 +1101,7 @@ async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
     let root = f.dir.path().join("runc-root");
     let log = f.dir.path().join("runc.err");
     let runc = |args: &[&str]| {
-        let st = std::process::Command::new("runc")
+        let st = std::process::Command::new(common::runc())
             .arg("--root")
             .arg(&root)
             .args(args)
@@ -1108,7 +1109,7 @@ async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .status()
-            .expect("runc (apt-get install runc)");
+            .expect("runc");
         (st.success(), std::fs::read_to_string(&log).unwrap_or_default())
     };
     let created = runc(&["create", "--bundle", bundle.to_str().unwrap(), "mswap-runc"]);
@@ -1145,12 +1146,12 @@ async fn memory_swap_and_cpu_shares_are_written_as_runc_writes_them() {
         "cpu.weight (v2) or cpu.shares (v1) per shares: nri-shim (left), runc (right)"
     );
     if cgroup_v2() {
-        // What runc 1.1 gives, spelled out.
+        // What runc 1.5 gives, spelled out.
         let get = |files: &[(String, String)], name: &str| files.iter().find(|(n, _)| n == name).unwrap().1.clone();
         assert_eq!(get(&ours_created, "memory.swap.max"), "0");
-        assert_eq!(get(&ours_created, "cpu.weight"), "20");
+        assert_eq!(get(&ours_created, "cpu.weight"), "59");
         assert_eq!(get(&ours_updated, "memory.swap.max"), "0");
-        assert_eq!(get(&ours_updated, "cpu.weight"), "39");
+        assert_eq!(get(&ours_updated, "cpu.weight"), "100");
     }
     f.nri.stop().await;
 }

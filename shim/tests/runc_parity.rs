@@ -53,13 +53,8 @@ fn rootfs() -> &'static Path {
     })
 }
 
-fn runc_binary() -> &'static str {
-    for p in ["/usr/sbin/runc", "/usr/bin/runc"] {
-        if Path::new(p).exists() {
-            return p;
-        }
-    }
-    panic!("runc missing: apt-get install runc (the reference these tests compare with)");
+fn runc_binary() -> std::path::PathBuf {
+    common::runc()
 }
 
 /// Capabilities that let the process mount (the propagation test) and
@@ -1027,4 +1022,48 @@ async fn poststart_and_poststop_hooks_get_the_state_as_with_runc() {
             &seen("hooks-shim", stage),
         );
     }
+}
+
+/// runc 1.5 lists the time namespace in its features (1.1 did not): a
+/// container with its own time namespace and clock offsets (OCI
+/// `linux.timeOffsets`) sees its monotonic and boot-time clocks moved by
+/// them, as with runc. `/proc/uptime` is the boot-time clock; the monotonic
+/// one is read from `/proc/self/timens_offsets`, which also shows both
+/// offsets.
+#[tokio::test(flavor = "current_thread")]
+async fn time_namespace_offsets_as_with_runc() {
+    let _serial = SERIAL.lock().await;
+    let probe = [
+        "/bin/sh",
+        "-c",
+        "cat /proc/self/timens_offsets; read up idle < /proc/uptime; echo uptime-over-a-day=$(( ${up%.*} > 86400 ))",
+    ];
+    let mut s = spec("timens", &probe);
+    s["linux"]["namespaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "time"}));
+    s["linux"]["timeOffsets"] = json!({
+        "monotonic": {"secs": 7200, "nanosecs": 0},
+        "boottime": {"secs": 172800, "nanosecs": 0}
+    });
+    let runc = Runc::new();
+    let reference = runc.run_foreground("timens", &s);
+    assert!(reference.ok, "runc run timens: {}", reference.stderr);
+    let shim = Shim::new();
+    shim.run("timens", &s).await.unwrap_or_else(|e| panic!("timens: {e}"));
+    tokio::time::timeout(Duration::from_secs(10), shim.service.wait("test", "timens", ""))
+        .await
+        .expect("container ends within 10 s")
+        .unwrap();
+    let ours = shim.output("timens");
+    shim.remove("timens").await;
+    println!("runc:     {:?}\nnri-shim: {ours:?}", reference.stdout);
+    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    expect_value(
+        "a time namespace with offsets",
+        &"monotonic 7200 0 boottime 172800 0 uptime-over-a-day=1".to_string(),
+        &words(&reference.stdout),
+        &words(&ours),
+    );
 }

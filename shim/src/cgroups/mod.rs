@@ -191,7 +191,7 @@ impl Cgroup {
             return Ok(());
         }
         let dir = self.v2_dir();
-        for (file, value) in runc_v2_writes(resources, self.systemd.is_some()) {
+        for (file, value) in runc_v2_writes(resources) {
             match std::fs::write(dir.join(file), &value) {
                 Ok(()) => {}
                 Err(e) if file == "memory.swap.max" && e.kind() == std::io::ErrorKind::NotFound => {}
@@ -317,29 +317,23 @@ impl Cgroup {
     }
 }
 
-/// The cgroup v2 files runc 1.1 (this node's runc) writes for `resources`
-/// that libcgroups 0.7 does not write, or writes another value to:
+/// The cgroup v2 files runc 1.5 writes for `resources` that libcgroups
+/// 0.7 does not write, or writes another value to:
 ///
 /// - `memory.swap.max = 0` when the swap limit equals the memory limit
 ///   (OCI's swap is memory plus swap, so no swap at all; CRI sets it so
 ///   for every container with a memory limit): libcgroups computes the v2
 ///   value 0 and then skips writing it, leaving `max`.
-/// - `cpu.weight` from `cpu.shares` by runc's linear map of the v1 range
-///   [2, 262144] onto [1, 10000]: `1 + (shares - 2) * 9999 / 262142`
-///   (512 → 20, 1024 → 39). libcgroups uses a later, logarithmic formula
-///   (512 → 59); containers must get the weights kubelet's shares give
-///   them under runc on the same node.
 ///
-/// - For a systemd unit (`systemd`), `cpu.max` as the quota and period
-///   are (`<quota|max>[ <period>]`): runc's systemd driver writes every
-///   file itself after starting the unit, and the unit's
-///   `CPUQuotaPerSecUSec`, which systemd writes to `cpu.max`, is rounded
-///   up to whole percents of a CPU (12345/100000 µs becomes 13000);
-///   libcontainer's systemd manager leaves the file as systemd wrote it.
+/// What runc 1.1 wrote otherwise is runc 1.5's and libcgroups' now: the
+/// quadratic map of `cpu.shares` onto `cpu.weight` (512 → 59, 1024 → 100;
+/// runc 1.1's linear one gave 20 and 39), and a systemd unit's `cpu.max`
+/// as systemd writes it from the quota rounded up to whole percents of a
+/// CPU (runc 1.1 wrote the exact quota after starting the unit).
 ///
 /// A key the spec's `unified` map sets itself is left to it (runc writes
 /// `unified` last, so it wins there too).
-fn runc_v2_writes(resources: &LinuxResources, systemd: bool) -> Vec<(&'static str, String)> {
+fn runc_v2_writes(resources: &LinuxResources) -> Vec<(&'static str, String)> {
     let unified = |k: &str| resources.unified().as_ref().is_some_and(|u| u.contains_key(k));
     let mut out = Vec::new();
     if let Some(mem) = resources.memory()
@@ -349,27 +343,6 @@ fn runc_v2_writes(resources: &LinuxResources, systemd: bool) -> Vec<(&'static st
         && !unified("memory.swap.max")
     {
         out.push(("memory.swap.max", "0".to_string()));
-    }
-    if let Some(shares) = resources.cpu().as_ref().and_then(|c| c.shares())
-        && shares != 0
-        && !unified("cpu.weight")
-    {
-        let shares = shares.clamp(2, 262_144);
-        out.push(("cpu.weight", (1 + (shares - 2) * 9999 / 262_142).to_string()));
-    }
-    if systemd
-        && let Some(cpu) = resources.cpu()
-        && (cpu.quota().unwrap_or(0) != 0 || cpu.period().unwrap_or(0) != 0)
-        && !unified("cpu.max")
-    {
-        let mut max = match cpu.quota() {
-            Some(q) if q > 0 => q.to_string(),
-            _ => "max".to_string(),
-        };
-        if let Some(period) = cpu.period().filter(|p| *p != 0) {
-            max = format!("{max} {period}");
-        }
-        out.push(("cpu.max", max));
     }
     out
 }
@@ -406,56 +379,15 @@ mod tests {
     #[test]
     fn swap_equal_to_the_limit_disables_swap_as_runc_does() {
         let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 27}}));
-        assert_eq!(runc_v2_writes(&r, false), [("memory.swap.max", "0".to_string())]);
+        assert_eq!(runc_v2_writes(&r), [("memory.swap.max", "0".to_string())]);
         // More swap than memory is libcgroups' own (swap - limit), and so
         // is no swap limit at all.
         let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 28}}));
-        assert_eq!(runc_v2_writes(&r, false), []);
+        assert_eq!(runc_v2_writes(&r), []);
         let r = resources(serde_json::json!({"memory": {"limit": 1 << 27}}));
-        assert_eq!(runc_v2_writes(&r, false), []);
+        assert_eq!(runc_v2_writes(&r), []);
         let r = resources(serde_json::json!({"memory": {"limit": 1 << 27, "swap": 1 << 27},
             "unified": {"memory.swap.max": "1000"}}));
-        assert_eq!(runc_v2_writes(&r, false), []);
-    }
-
-    #[test]
-    fn a_systemd_units_cpu_max_is_the_exact_quota_as_runc_writes_it() {
-        let max = |cpu: serde_json::Value, systemd: bool| {
-            let r = resources(serde_json::json!({ "cpu": cpu }));
-            runc_v2_writes(&r, systemd)
-                .into_iter()
-                .find(|(f, _)| *f == "cpu.max")
-                .map(|(_, v)| v)
-        };
-        let q = serde_json::json!({"quota": 12345, "period": 100_000});
-        assert_eq!(max(q.clone(), true).as_deref(), Some("12345 100000"));
-        // cgroupfs: libcgroups writes cpu.max itself.
-        assert_eq!(max(q, false), None);
-        assert_eq!(max(serde_json::json!({"quota": 12345}), true).as_deref(), Some("12345"));
-        assert_eq!(
-            max(serde_json::json!({"quota": -1, "period": 50_000}), true).as_deref(),
-            Some("max 50000")
-        );
-        assert_eq!(max(serde_json::json!({"shares": 512}), true), None);
-        let r = resources(serde_json::json!({"cpu": {"quota": 12345}, "unified": {"cpu.max": "max"}}));
-        assert!(runc_v2_writes(&r, true).iter().all(|(f, _)| *f != "cpu.max"));
-    }
-
-    #[test]
-    fn shares_become_runc_weights() {
-        let weight = |shares: u64| {
-            let r = resources(serde_json::json!({"cpu": {"shares": shares}}));
-            runc_v2_writes(&r, false)
-                .into_iter()
-                .find(|(f, _)| *f == "cpu.weight")
-                .map(|(_, v)| v)
-        };
-        // runc 1.1.5 in the cgroup v2 VM: 512 → 20 (libcgroups gave 59).
-        assert_eq!(weight(512).as_deref(), Some("20"));
-        assert_eq!(weight(1024).as_deref(), Some("39"));
-        assert_eq!(weight(2).as_deref(), Some("1"));
-        assert_eq!(weight(262_144).as_deref(), Some("10000"));
-        assert_eq!(weight(1).as_deref(), Some("1"));
-        assert_eq!(weight(0), None);
+        assert_eq!(runc_v2_writes(&r), []);
     }
 }

@@ -30,3 +30,28 @@ extern "C" fn remove_parents() {
         let _ = std::fs::remove_dir(std::path::Path::new("/sys/fs/cgroup").join(name));
     }
 }
+
+/// The runc these tests compare with: runc 1.5, built from its Go module
+/// with the other reference peers (`peers/go.mod`, `scripts/go-peers.sh`):
+/// `$NRI_GO_PEERS_BIN/runc`, else the cache's newest build. Not Debian 12's
+/// runc 1.1.5: a node of today runs a 1.3 to 1.5.
+///
+/// # Panics
+/// When it is not built: a test without its reference must fail.
+#[allow(dead_code)] // not every test binary compares with runc
+pub fn runc() -> std::path::PathBuf {
+    let dir = std::env::var_os("NRI_GO_PEERS_BIN").map_or_else(
+        || {
+            let cache = std::env::var("NRI_CONTAINERD_CACHE").unwrap_or_else(|_| "/var/cache/nri-shim".into());
+            std::path::Path::new(&cache).join("go-peers/current/bin")
+        },
+        std::path::PathBuf::from,
+    );
+    let runc = dir.join("runc");
+    assert!(
+        runc.exists(),
+        "{} missing: scripts/go-peers.sh builds runc 1.5, the reference these tests compare with",
+        runc.display()
+    );
+    runc
+}
