@@ -16,6 +16,9 @@ if [ -n "${NRI_CONTAINERD:-}" ] && [ "$NRI_CONTAINERD" != 1.6 ]; then
     nri_containerd_versions
 fi
 nri_patch_crates
+# runc 1.5, the reference handler's runc (the harness names it to containerd).
+. scripts/lib/go-peers.sh
+nri_go_peers
 if [ -z "${NRI_SHIM_BIN:-}" ]; then
     cargo build --profile dist --locked -q -p nri-shim
     export NRI_SHIM_BIN=$PWD/target/dist/containerd-shim-nri-shim-v2

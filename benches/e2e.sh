@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end timings, in one go so ratios are fair: median wall time of
 # `ctr run --rm` of a trivial busybox container over N runs (default 20) for
-#   (a) Debian's runc v2 shim, (b) nri-shim without plugins,
+#   (a) containerd's runc v2 shim with runc 1.5 (from the Go peers,
+#   scripts/lib/go-peers.sh), (b) nri-shim without plugins,
 #   (c) nri-shim with 2 plugin processes (nri-adjuster + nri-logger);
 # and the nri-shim daemon's RSS with 20 running containers.
 # Run as root (builds the `dist` binaries first: the node artifact). Prints one line per figure.
@@ -9,17 +10,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/env.sh
+. scripts/lib/go-peers.sh
 N=${1:-20}
 nri_need_packages pkg-config libseccomp-dev containerd busybox-static bc
 nri_patch_crates
+nri_go_peers
 cargo build --profile dist --locked -q -p nri-shim -p nri-adjuster -p nri-logger
 
 median_run() { # DIR RUNTIME LABEL
-    local t=$1 rt=$2 label=$3 times=()
+    local t=$1 rt=$2 label=$3 times=() runc=()
+    # runc's shim runs the reference runc, 1.5.
+    [ "$rt" != io.containerd.runc.v2 ] || runc=(--runc-binary "$NRI_GO_PEERS_BIN/runc")
     for i in $(seq 1 "$N"); do
         local s e
         s=$(date +%s%N)
-        ctr -a "$t/containerd.sock" run --rm --fifo-dir "$t/fifo" --runtime "$rt" \
+        ctr -a "$t/containerd.sock" run --rm --fifo-dir "$t/fifo" --runtime "$rt" "${runc[@]}" \
             --rootfs "$t/rootfs" "bench-$i" /bin/true >&2
         e=$(date +%s%N)
         times+=($(( (e - s) / 1000 )))

@@ -88,8 +88,8 @@ impl ProbeReport {
     }
 }
 
-/// `root` and everything below it, not following symbolic links (read as
-/// root, by the test).
+/// `root` and everything below it that the caller can list, not following
+/// symbolic links.
 pub fn tree(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
@@ -175,16 +175,8 @@ pub fn probe(req: &ProbeRequest) -> ProbeReport {
     for m in &req.markers {
         r.found.insert(m.clone(), Vec::new());
     }
-    let mut stack: Vec<PathBuf> = req.search.clone();
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
-                stack.push(e.path());
-            }
-        } else if meta.is_file() {
+    for p in req.search.iter().flat_map(|root| tree(root)) {
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
             let mut data = Vec::new();
             if open_read(&p)
                 .and_then(|f| f.take(64 << 20).read_to_end(&mut data))
