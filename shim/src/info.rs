@@ -116,7 +116,7 @@ const RECURSIVE_MOUNT_OPTIONS: [&str; 18] = [
 ];
 
 /// Namespaces containers get through this shim (each one exercised by its
-/// tests). Not listed: `time`. containerd 2.x's CRI reports a handler as
+/// tests, `time` beside runc in `runc_parity.rs`). containerd 2.x's CRI reports a handler as
 /// able to run user-namespaced pods when `user` is listed and idmapped
 /// mounts are enabled.
 const NAMESPACES: [LinuxNamespaceType; 8] = [

@@ -113,11 +113,29 @@ pub fn write(path: &Path, data: impl AsRef<[u8]>) -> io::Result<()> {
 /// # Errors
 /// The create, write, sync or rename that failed, with the path.
 pub fn write_atomic(path: &Path, suffix: &str, data: &[u8], sync: bool) -> io::Result<()> {
+    replace(path, suffix, data, sync, FILE_MODE)
+}
+
+/// [`write_atomic`] with `mode` for the new file, for a file that is not
+/// the shim's own (containerd's `config.toml` keeps the mode it had). A
+/// temp file an earlier run left behind is removed first: the file renamed
+/// into place is always one this call created, with `mode`, never a
+/// leftover with a looser one.
+///
+/// # Errors
+/// The create, write, sync or rename that failed, with the path.
+pub fn replace(path: &Path, suffix: &str, data: &[u8], sync: bool, mode: u32) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".");
     tmp.push(suffix);
     let tmp = PathBuf::from(tmp);
-    let mut f = create(&tmp)?;
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(|e| with_path(e, "create", &tmp))?;
     f.write_all(data)
         .and_then(|()| if sync { f.sync_all() } else { Ok(()) })
         .map_err(|e| with_path(e, "write", &tmp))?;
@@ -246,6 +264,22 @@ mod tests {
         }
         assert_eq!(mode(&d.path().join("a/rootfs")), 0o711);
         assert!(!d.path().join("a/b/c/rec.json.tmp").exists());
+    }
+
+    #[test]
+    fn a_leftover_temp_file_is_not_what_lands() {
+        let d = tempfile::tempdir().unwrap();
+        let (path, tmp) = (d.path().join("rec.json"), d.path().join("rec.json.tmp"));
+        // An older version's crash left its temp file, readable by all.
+        std::fs::write(&tmp, "old").unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_atomic(&path, "tmp", b"new", false).unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        assert!(!tmp.exists());
+        // Another file's own mode, kept.
+        replace(&path, "tmp", b"x", false, 0o640).unwrap();
+        assert_eq!(mode(&path), 0o640);
     }
 
     #[test]

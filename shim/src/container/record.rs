@@ -184,7 +184,7 @@ mod tests {
             back.libcontainer_root(),
             PathBuf::from("/run/nri-shim/0123456789abcdef/containers")
         );
-        assert!(!d.path().join("nri-shim.tmp").exists());
+        assert!(!d.path().join("nri-shim.json.tmp").exists());
     }
 
     #[test]

@@ -229,11 +229,14 @@ pub fn containerd_major(binary: &str, cache_dir: &Path) -> Option<u32> {
         }
     }
     let major = major_of_version_line(&run_version(binary)?)?;
-    // Written whole then renamed: a concurrent `start` reads either file.
-    let tmp = cache_dir.join(format!(".containerd-version.{}", std::process::id()));
-    if crate::private::write(&tmp, format!("{key}\t{major}\n")).is_ok() {
-        let _ = std::fs::rename(&tmp, &cache);
-    }
+    // Whole or not at all: a concurrent `start` reads either file (each
+    // writes its own temp file, named by its pid).
+    let _ = crate::private::write_atomic(
+        &cache,
+        &std::process::id().to_string(),
+        format!("{key}\t{major}\n").as_bytes(),
+        false,
+    );
     Some(major)
 }
 

@@ -284,10 +284,8 @@ pub fn exec(exe: &Path, handover: &Path) -> UpgradeError {
 
 /// Writes the outcome for the `upgrade` action (atomically).
 pub fn write_result(daemon_dir: &Path, text: &str) {
-    let tmp = daemon_dir.join("upgrade.result.tmp");
-    if crate::private::write(&tmp, format!("{}\n", text.replace('\n', " "))).is_ok() {
-        let _ = std::fs::rename(&tmp, result_file(daemon_dir));
-    }
+    let line = format!("{}\n", text.replace('\n', " "));
+    let _ = crate::private::write_atomic(&result_file(daemon_dir), "tmp", line.as_bytes(), false);
 }
 
 /// The `upgrade` action: asks the daemon of containerd `address` (when

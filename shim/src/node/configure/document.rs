@@ -3,10 +3,7 @@
 //! of the runtime handler, and the edit `configure` makes, keeping the
 //! file's comments, order and indentation.
 
-use std::{
-    os::unix::fs::OpenOptionsExt as _,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, Item, Table, Value};
 
@@ -68,16 +65,7 @@ pub(super) fn write(path: &Path, text: &str) -> Result<(), ConfigureError> {
     let mode = std::fs::metadata(path)
         .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
         .unwrap_or(0o666);
-    let tmp = path.with_extension("nri-shim.tmp");
-    let _ = std::fs::remove_file(&tmp);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
-        .map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    crate::private::replace(path, "nri-shim.tmp", text.as_bytes(), false, mode).map_err(io)
 }
 
 pub(super) fn parse(path: &Path, text: &str) -> Result<DocumentMut, ConfigureError> {
