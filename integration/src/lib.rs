@@ -654,3 +654,39 @@ pub fn kill_shims_of(sock: &Path) -> Vec<i32> {
         })
         .collect()
 }
+
+/// A loopback port free at the moment, for a daemon's `[metrics] address`.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+/// One `GET /metrics` on the loopback `port`: the whole HTTP answer.
+///
+/// # Errors
+/// Nothing listens there yet, or the connection failed.
+pub fn try_scrape(port: u16) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// [`try_scrape`] until the daemon serves it (20 s deadline).
+///
+/// # Panics
+/// At the deadline, naming the port and the last error.
+pub fn scrape(port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_scrape(port) {
+            Ok(text) => return text,
+            Err(e) => assert!(Instant::now() < deadline, "no metrics on port {port}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

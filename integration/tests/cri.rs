@@ -1111,8 +1111,9 @@ async fn nri_adjustment_is_visible_with_nri_shim_only() {
 /// introspectRuntimeFeatures; dropped in 2.2.7 and 2.3.4): runc's handler
 /// gets its features (runc 1.5: recursive read-only mounts and user
 /// namespaces on; Debian's runc 1.1, without idmapped mounts, had user
-/// namespaces off), nri-shim's none, whatever the shim answers. nri-shim declared with runc's type and `runtime_path`
-/// (`nri-shim-as-runc`) is asked, and reports what its `-info` says. On
+/// namespaces off), nri-shim's none, whatever the shim answers. nri-shim
+/// declared with runc's type and `runtime_path` (`nri-shim-as-runc`) is
+/// asked, and reports what its `-info` says. On
 /// containerd 2.4, which asks every handler, nri-shim under its own type
 /// reports the same. The shim's `-info` itself is tested in
 /// `shim/tests/info.rs`.

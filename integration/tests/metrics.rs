@@ -3,24 +3,13 @@
 //! outcome, their latency, the plugins connected and the tasks by state.
 //! Root only.
 
-use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use integration::{
     Behaviour,
     containerd::{Containerd, Setup, workspace_bin},
+    free_port, try_scrape as scrape,
 };
-
-fn scrape(port: u16) -> Result<String, std::io::Error> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
-}
 
 /// The value of the sample line `name{labels}` (exact label text).
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -31,7 +20,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 #[test]
 fn a_scrape_shows_plugin_requests_outcomes_latency_plugins_and_tasks() {
     // A port free now (the daemon binds it a moment later).
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let shim_toml = format!("[metrics]\naddress = \"127.0.0.1:{port}\"\n");
     let env = serde_json::to_string(&Behaviour {
         events: Some("CreateContainer,StartContainer".into()),

@@ -2,15 +2,12 @@
 //! through the shim with a pre-installed plugin allowed only `env` that also
 //! adds a mount. Root only (these machines and CI run as root).
 
-use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use integration::{
     Behaviour, cgroup,
     containerd::{Containerd, Setup, output_text as text, workspace_bin},
+    free_port, scrape,
 };
 
 /// Sets FOO=1 and mounts a tmpfs on /perm-mnt at CreateContainer.
@@ -28,24 +25,6 @@ fn injector() -> (&'static str, std::path::PathBuf, String) {
         workspace_bin("nri-test-plugin"),
         serde_json::to_string(&b).unwrap(),
     )
-}
-
-/// The metrics endpoint's text, once the daemon serves it (20 s deadline).
-fn scrape(port: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)?;
-            Ok(out)
-        });
-        match got {
-            Ok(text) => return text,
-            Err(e) => assert!(Instant::now() < deadline, "no metrics on port {port}: {e}"),
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 const REFUSED: &str = "plugin 10-injector may not adjust mounts /perm-mnt (field group mounts, allowed: env)";
@@ -78,7 +57,7 @@ fn a_plugin_outside_its_permissions_fails_the_create_under_fail() {
 #[test]
 fn a_plugin_outside_its_permissions_is_dropped_under_ignore_until_a_reload_allows_it() {
     // A port free now (the daemon binds it a moment later).
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let shim_toml = format!(
         "[nri.plugin_permissions.\"10-injector\"]\nallow = [\"env\"]\n[metrics]\naddress = \"127.0.0.1:{port}\"\n"
     );

@@ -27,7 +27,9 @@ use integration::{
     Behaviour, EventLog,
     containerd::workspace_bin,
     cri::{CRI_NAMESPACE, Client, Cri, CriSetup, api, container},
+    free_port,
     probe::{ProbeReport, ProbeRequest, run_as_nobody, tree},
+    scrape,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -75,15 +77,6 @@ fn refuser(log: &Path) -> (&'static str, PathBuf, String) {
         workspace_bin("nri-test-plugin"),
         serde_json::to_string(&b).unwrap(),
     )
-}
-
-/// A free loopback port for the metrics endpoint.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn mode(p: &Path) -> u32 {
@@ -218,14 +211,14 @@ async fn nothing_the_shim_keeps_is_readable_by_another_user() {
     let port = free_port();
     let ours = marker("nri-shim");
     let theirs = marker("runc");
-    let metrics = format!("[metrics]\naddress = \"127.0.0.1:{port}\"\n");
+    let metrics_toml = format!("[metrics]\naddress = \"127.0.0.1:{port}\"\n");
     let seen_by_plugin = tempfile::tempdir().unwrap();
     let plugin_log = EventLog::new(seen_by_plugin.path().join("20-refuser.jsonl"));
     let cri = Cri::start(CriSetup {
         plugins: vec![injector(&ours), refuser(plugin_log.path())],
         run_on_tmpfs: true,
         shim_log_level: Some("info"),
-        shim_toml: &metrics,
+        shim_toml: &metrics_toml,
         ..Default::default()
     });
     // As on a node: the state's parents let any user pass (the temp dir
@@ -348,7 +341,7 @@ async fn nothing_the_shim_keeps_is_readable_by_another_user() {
     let log = cri.shim_log();
     assert!(!log.is_empty(), "no shim.log under {}", cri.shim_state.display());
     let leaked: Vec<&str> = log.lines().filter(|l| l.contains(&ours)).collect();
-    let scrape = scrape(port);
+    let metrics = scrape(port);
     eprintln!("after the lifecycle:\n  nri-shim: {}", after.summary());
     assert!(running.is_private(), "while running: {}", running.summary());
     assert!(after.is_private(), "after the lifecycle: {}", after.summary());
@@ -357,19 +350,8 @@ async fn nothing_the_shim_keeps_is_readable_by_another_user() {
         "shim.log at info carries the marker:\n{}",
         leaked.join("\n")
     );
-    assert!(scrape.contains("nri_shim_"), "no metrics: {scrape}");
-    assert!(!scrape.contains(&ours), "the metrics carry the marker:\n{scrape}");
-}
-
-/// `GET /metrics` on the loopback port.
-fn scrape(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap_or_else(|e| panic!("metrics on {port}: {e}"));
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    assert!(metrics.contains("nri_shim_"), "no metrics: {metrics}");
+    assert!(!metrics.contains(&ours), "the metrics carry the marker:\n{metrics}");
 }
 
 /// Every path under `root` whose mode grants group or others anything.
