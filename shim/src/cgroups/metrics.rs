@@ -102,9 +102,37 @@ pub(super) fn to_metrics(s: &Stats, ns_per_cpu_unit: u64) -> m::Metrics {
     out
 }
 
+/// containerd's `MemoryOomControl` from a cgroup v1 `memory.oom_control`
+/// (`oom_kill_disable 0`, `under_oom 0`, `oom_kill 3`: one `key value`
+/// per line; `oom_kill` since Linux 4.13). Missing keys stay 0.
+pub(super) fn oom_control(text: &str) -> m::MemoryOomControl {
+    let mut out = m::MemoryOomControl::new();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse() else { continue };
+        match key {
+            "oom_kill_disable" => out.oom_kill_disable = value,
+            "under_oom" => out.under_oom = value,
+            "oom_kill" => out.oom_kill = value,
+            _ => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oom_control_reads_every_key_and_skips_what_it_does_not_know() {
+        let o = oom_control("oom_kill_disable 1\nunder_oom 0\noom_kill 3\nnew_key 9\nbroken\n");
+        assert_eq!((o.oom_kill_disable, o.under_oom, o.oom_kill), (1, 0, 3));
+        let o = oom_control("oom_kill_disable 0\nunder_oom 1\n");
+        assert_eq!((o.oom_kill_disable, o.under_oom, o.oom_kill), (0, 1, 0));
+    }
 
     #[test]
     fn stats_map_to_containerd_metrics() {

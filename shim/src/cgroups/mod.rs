@@ -24,7 +24,7 @@ pub mod threaded;
 pub mod v2;
 
 pub use metrics::Metrics;
-use metrics::{ns_per_tick, to_metrics};
+use metrics::{ns_per_tick, oom_control, to_metrics};
 pub use path::{SystemdPath, check_driver, check_unified, default_path, resolve, systemd_booted};
 
 use crate::{
@@ -285,7 +285,15 @@ impl Cgroup {
         match &self.manager {
             AnyCgroupManager::V1(_) => {
                 let s = self.manager.stats().map_err(|e| err("stats", &self.path, e))?;
-                Ok(Metrics::V1(to_metrics(&s, ns_per_tick())))
+                let mut m = to_metrics(&s, ns_per_tick());
+                // libcgroups' statistics leave out `memory.oom_control`;
+                // CRI's pod sandbox metrics take container_oom_events_total
+                // from it, and runc's shim sends it. Absent when the memory
+                // controller is not mounted.
+                if let Ok(text) = std::fs::read_to_string(self.v1_memory_dir().join("memory.oom_control")) {
+                    m.memory_oom_control = protobuf::MessageField::some(oom_control(&text));
+                }
+                Ok(Metrics::V1(m))
             }
             AnyCgroupManager::V2(_) | AnyCgroupManager::Systemd(_) => crate::cgroups::v2::metrics(&self.v2_dir())
                 .map(Metrics::V2)
@@ -298,15 +306,18 @@ impl Cgroup {
         Path::new(CGROUP_ROOT).join(self.path.strip_prefix("/").unwrap_or(&self.path))
     }
 
+    /// The cgroup's directory in a cgroup v1 memory controller.
+    fn v1_memory_dir(&self) -> PathBuf {
+        Path::new(CGROUP_ROOT)
+            .join("memory")
+            .join(self.path.strip_prefix("/").unwrap_or(&self.path))
+    }
+
     /// Number of OOM kills recorded by the memory controller (v1
     /// `memory.oom_control`, v2 `memory.events`), when readable.
     pub fn oom_kills(&self) -> Option<u64> {
-        let rel = self.path.strip_prefix("/").unwrap_or(&self.path);
         let candidates = [
-            Path::new(CGROUP_ROOT)
-                .join("memory")
-                .join(rel)
-                .join("memory.oom_control"),
+            self.v1_memory_dir().join("memory.oom_control"),
             self.v2_dir().join("memory.events"),
         ];
         candidates.iter().find_map(|file| {
