@@ -1,5 +1,5 @@
 # The Go reference peers (peers/go.mod: containerd v2.4, runc 1.5, critest
-# and crictl 1.37), built from their Go modules for the tests, never shipped.
+# and crictl 1.37, crane, ginkgo), built from their Go modules for the tests, never shipped.
 # Source it after env.sh; `nri_go_peers` needs root the first time (Debian
 # packages) and the Go module proxy the first time on a machine (modules).
 #
@@ -89,7 +89,16 @@ nri_go_peers_make() {
         # add libpathrs, a Rust C library that Debian 12 does not package;
         # without it runc uses its pure-Go path resolution. runc reads its
         # version from the module's VERSION file.
-        nri_go_peers_build "$peers" "$out" runc build -tags "seccomp urfave_cli_no_docs" github.com/opencontainers/runc
+        nri_go_peers_build "$peers" "$out" runc build -tags "seccomp urfave_cli_no_docs" github.com/opencontainers/runc &&
+        # crane: the loopback registry critest's stand-in images are
+        # pushed to and pulled from (integration/src/critest.rs).
+        nri_go_peers_build "$peers" "$out" crane build github.com/google/go-containerregistry/cmd/crane &&
+        # ginkgo: critest runs its specs on several nodes through it
+        # (critest --parallel), finding it on PATH.
+        nri_go_peers_build "$peers" "$out" ginkgo build github.com/onsi/ginkgo/v2/ginkgo &&
+        # Ours: critest's nonewprivs stand-in image. Static (no cgo), as it
+        # runs in an image without a C library.
+        CGO_ENABLED=0 nri_go_peers_build "$peers" "$out" effective-uid build ./cmd/effective-uid
 }
 
 # nri_go_peers: builds the peers unless this checkout's build is there,
