@@ -101,6 +101,16 @@ for line in "${NRI_CONTAINERD_LINES[@]%% *}" 2.4; do
         --test containerd --test cri --test configure --test installer --test node_safe --test node_reload --test upgrade --test kubelet_workload --test private_state
 done
 
+# critest (cri-tools' CRI validation suite) with runc 1.5 and nri-shim on
+# the same containerd, one 1.x line and 2.4: fails when a spec passes with
+# runc and not with nri-shim (beyond the differences docs/testing.md
+# lists); prints one summary line per handler. About 2 minutes a line.
+for line in 1.7 2.4; do
+    part "critest on containerd $line (runc 1.5 and nri-shim)" \
+        env NRI_CONTAINERD="$line" NRI_CRITEST_OUT="target/critest/$line" \
+        cargo test --locked -p integration --test critest -- --nocapture
+done
+
 echo "== summary" >&2
 printf '%s\n' "${summary[@]}" >&2
 exit "$failed"

@@ -203,6 +203,21 @@ pub struct CriSetup<'a> {
     /// disk, and runc's in the host's `/run/containerd/runc`. Unmounted by
     /// [`Cri::teardown`].
     pub run_on_tmpfs: bool,
+    /// containerd's own NRI on, on a socket of the lane's
+    /// ([`Cri::containerd_nri_socket`]) with no plugins of its own, for a
+    /// test that attaches a plugin to it as runc's side of a comparison
+    /// (containerd 1.7 and later); otherwise it is off on 2.x, where it is
+    /// on by default on the host's `/var/run/nri/nri.sock`.
+    pub containerd_nri: bool,
+    /// CRI's registry hosts directory (`config_path`) at
+    /// [`Cri::registry_hosts_dir`], for a test that points a registry's
+    /// pulls at a mirror of its own with a `hosts.toml` there.
+    pub registry_hosts: bool,
+    /// `plugin_request_timeout` of the shim's NRI and of containerd's own
+    /// (with [`CriSetup::containerd_nri`]); `None`: their default, 2 s.
+    pub nri_request_timeout: Option<&'a str>,
+    /// The shim's `[shim] idle_timeout`; `None`: `5s`.
+    pub shim_idle_timeout: Option<&'a str>,
 }
 
 /// The CRI config of [`CriSetup::systemd_handlers`], with our handler's
@@ -224,6 +239,23 @@ fn as_runc_handler(bin: &Path) -> String {
     format!(
         "    {r}.{AS_RUNC}]\n      runtime_type = \"io.containerd.runc.v2\"\n      runtime_path = \"{}\"\n",
         bin.join("containerd-shim-nri-shim-v2").display()
+    )
+}
+
+/// containerd's NRI plugin on, on `<dir>/containerd-nri/nri.sock`, with
+/// empty plugin directories of the lane (see [`CriSetup::containerd_nri`]).
+fn containerd_nri_on(dir: &Path, request_timeout: Option<&str>) -> String {
+    let d = dir.join("containerd-nri");
+    for sub in ["plugins", "conf.d"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    let timeout = request_timeout
+        .map(|t| format!("  plugin_request_timeout = \"{t}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n  socket_path = \"{d}/nri.sock\"\n  \
+         plugin_path = \"{d}/plugins\"\n  plugin_config_path = \"{d}/conf.d\"\n{timeout}",
+        d = d.display()
     )
 }
 
@@ -390,13 +422,25 @@ state = "{run}/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
-{nri_off}"#,
+{registry}{nri_off}"#,
                 t = t.display(),
                 run = run.display(),
                 sock = sock.display(),
                 cni_conf = cni_conf.display(),
-                nri_off = containerd_nri_off(),
+                nri_off = if setup.containerd_nri {
+                    containerd_nri_on(&t, setup.nri_request_timeout)
+                } else {
+                    containerd_nri_off().to_string()
+                },
                 as_runc = as_runc_handler(&bin),
+                registry = if setup.registry_hosts {
+                    format!(
+                        "  [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{}/certs.d\"\n",
+                        t.display()
+                    )
+                } else {
+                    String::new()
+                },
                 runc = runc.display(),
                 // runc keeps its state under `/run/containerd/runc` unless
                 // told otherwise: on the run's tmpfs too, so both runtimes
@@ -426,15 +470,20 @@ state = "{run}/state"
 socket_path = "{t}/nri/nri.sock"
 plugin_path = "{plugins}"
 plugin_config_path = "{conf}"
-[shim]
+{request_timeout}[shim]
 state_root = "{state}"
-idle_timeout = "5s"
+idle_timeout = "{idle}"
 log_level = "{log_level}"
 {extra}"#,
                 t = t.display(),
                 plugins = plugin_dir.display(),
                 conf = conf_dir.display(),
                 state = shim_state.display(),
+                idle = setup.shim_idle_timeout.unwrap_or("5s"),
+                request_timeout = setup
+                    .nri_request_timeout
+                    .map(|t| format!("plugin_request_timeout = \"{t}\"\n"))
+                    .unwrap_or_default(),
                 log_level = setup.shim_log_level.unwrap_or("debug"),
                 extra = setup.shim_toml,
             ),
@@ -620,6 +669,23 @@ log_level = "{log_level}"
         )
     }
 
+    /// containerd's own NRI socket, where [`CriSetup::containerd_nri`]
+    /// turned it on.
+    pub fn containerd_nri_socket(&self) -> PathBuf {
+        self.dir.join("containerd-nri/nri.sock")
+    }
+
+    /// Where [`CriSetup::registry_hosts`] points CRI's pulls: a
+    /// `<registry host>/hosts.toml` there configures that registry.
+    pub fn registry_hosts_dir(&self) -> PathBuf {
+        self.dir.join("certs.d")
+    }
+
+    /// The shim's NRI socket (external plugins), there while its daemon runs.
+    pub fn shim_nri_socket(&self) -> PathBuf {
+        self.dir.join("nri/nri.sock")
+    }
+
     /// The nri-shim daemon's whole `shim.log`.
     pub fn shim_log(&self) -> String {
         let mut shim = String::new();
@@ -753,7 +819,7 @@ impl Drop for Cri {
 
 /// Runs `f` to completion on a runtime of its own, in a thread of its own
 /// (callers may be inside a test's runtime, or in an `atexit` hook).
-fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
+pub fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
 where
     F::Output: Send,
 {

@@ -20,6 +20,7 @@ pub mod cgroup;
 pub mod containerd;
 // containerd with CRI and two runtime handlers, a CRI client (the CRI lane).
 pub mod cri;
+pub mod critest;
 use serde::{Deserialize, Serialize};
 
 pub mod parity;
