@@ -107,7 +107,7 @@ done
 # lists); prints one summary line per handler. About 2 minutes a line.
 for line in 1.7 2.4; do
     part "critest on containerd $line (runc 1.5 and nri-shim)" \
-        env NRI_CONTAINERD="$line" NRI_CRITEST_OUT="target/critest/$line" \
+        env NRI_CONTAINERD="$line" NRI_CRITEST_OUT="$PWD/target/critest/$line" \
         cargo test --locked -p integration --test critest -- --nocapture
 done
 

@@ -87,6 +87,8 @@ fn critest_passes_with_nri_shim_wherever_it_passes_with_runc() {
         .map(PathBuf::from)
         .unwrap_or_else(|| cri.dir.join("critest"));
     std::fs::create_dir_all(&out).unwrap();
+    // critest runs in that directory: every path given to it is absolute.
+    let out = out.canonicalize().unwrap();
 
     let registry = Registry::start(&out.join("registry.log"));
     mirror(&cri.registry_hosts_dir(), &registry.addr);
