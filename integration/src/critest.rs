@@ -96,8 +96,8 @@ const HTTPD: &[&str] = &[
 /// - `e2e-test-images/busybox:1.29-2`: the default container image.
 /// - `e2e-test-images/nginx:1.14-2` and `.../hostnet-nginx-amd64`: a web
 ///   server on port 80 (pod network) and 12003 (host network) that looks
-///   like nginx where critest looks ([`NGINX`]); `httpd:2.4.39-4`: busybox
-///   `httpd` on port 80.
+///   like nginx where critest looks (a script that names itself nginx);
+///   `httpd:2.4.39-4`: busybox `httpd` on port 80.
 /// - `e2e-test-images/nonewprivs:1.3`: a setuid-root program printing its
 ///   effective uid (ours, `peers/cmd/effective-uid`).
 /// - `test-image-user-*`: `USER` 1002, `www-data`, `1003:1004`,
