@@ -361,15 +361,21 @@ fn crane() -> PathBuf {
 pub const REGISTRIES: [&str; 3] = ["registry.k8s.io", "gcr.io", "k8s.gcr.io"];
 
 /// Writes `<hosts_dir>/<registry>/hosts.toml` for each of [`REGISTRIES`]:
-/// pulls and resolves go to `http://<addr>` first (containerd's registry
-/// hosts format, read at each pull by containerd 1.5 and later).
+/// `http://<addr>` is that registry's one host (containerd's registry
+/// hosts format, read at each pull by containerd 1.5 and later): a
+/// `[host]` entry, which containerd 1.7 goes by (a `server` alone, it
+/// ignored, and dialed the registry's own host), and the same address as
+/// `server`, the fallback, so that no pull leaves the loopback, not even
+/// for an image the stand-ins lack (seen: "not found" on 1.7 and 2.4).
 pub fn mirror(hosts_dir: &Path, addr: &str) {
     for r in REGISTRIES {
         let d = hosts_dir.join(r);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(
             d.join("hosts.toml"),
-            format!("server = \"https://{r}\"\n\n[host.\"http://{addr}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+            format!(
+                "server = \"http://{addr}\"\n\n[host.\"http://{addr}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
         )
         .unwrap();
     }
