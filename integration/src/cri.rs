@@ -63,7 +63,8 @@ fn require_file(path: &str, package: &str) {
     );
 }
 
-fn run(cmd: &mut Command) -> Output {
+/// Runs `cmd` (stdin empty); panics, with its output, when it fails.
+pub(crate) fn run(cmd: &mut Command) -> Output {
     let out = cmd.stdin(Stdio::null()).output().expect("run command");
     assert!(
         out.status.success(),
@@ -83,8 +84,48 @@ fn sha256(path: &Path) -> String {
         .to_string()
 }
 
+/// The media type of an uncompressed image layer.
+pub(crate) const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// Writes an amd64 image's config (busybox's `PATH`, `cmd`, `user` where
+/// not empty) and manifest into the OCI layout `oci`, whose `layers` (their
+/// descriptors, bottom first, uncompressed) are blobs there already;
+/// returns the manifest's descriptor.
+pub(crate) fn image_manifest(oci: &Path, layers: &[serde_json::Value], cmd: &[&str], user: &str) -> serde_json::Value {
+    let mut config = serde_json::json!({
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        "Cmd": cmd,
+    });
+    if !user.is_empty() {
+        config["User"] = user.into();
+    }
+    let diff_ids: Vec<&serde_json::Value> = layers.iter().map(|l| &l["digest"]).collect();
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": { "type": "layers", "diff_ids": diff_ids },
+    });
+    let config = blob(
+        oci,
+        "application/vnd.oci.image.config.v1+json",
+        &serde_json::to_vec(&config).unwrap(),
+    );
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config,
+        "layers": layers,
+    });
+    blob(
+        oci,
+        "application/vnd.oci.image.manifest.v1+json",
+        &serde_json::to_vec(&manifest).unwrap(),
+    )
+}
+
 /// Writes `bytes` as a blob of the OCI layout `oci`; returns its descriptor.
-fn blob(oci: &Path, media_type: &str, bytes: &[u8]) -> serde_json::Value {
+pub(crate) fn blob(oci: &Path, media_type: &str, bytes: &[u8]) -> serde_json::Value {
     let tmp = oci.join("blob.tmp");
     std::fs::write(&tmp, bytes).unwrap();
     let digest = sha256(&tmp);
@@ -108,38 +149,10 @@ pub fn build_images(dir: &Path) -> PathBuf {
         .arg("-cf")
         .arg(&layer_tar)
         .arg("."));
-    let layer = blob(
-        &oci,
-        "application/vnd.oci.image.layer.v1.tar",
-        &std::fs::read(&layer_tar).unwrap(),
-    );
+    let layer = blob(&oci, LAYER_TAR, &std::fs::read(&layer_tar).unwrap());
     let mut manifests = Vec::new();
     for (name, cmd) in [(BUSYBOX, vec!["/bin/sh"]), (PAUSE, vec!["/bin/sleep", "2147483647"])] {
-        let config = serde_json::json!({
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {
-                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                "Cmd": cmd,
-            },
-            "rootfs": { "type": "layers", "diff_ids": [layer["digest"]] },
-        });
-        let config = blob(
-            &oci,
-            "application/vnd.oci.image.config.v1+json",
-            &serde_json::to_vec(&config).unwrap(),
-        );
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": config,
-            "layers": [layer],
-        });
-        let mut desc = blob(
-            &oci,
-            "application/vnd.oci.image.manifest.v1+json",
-            &serde_json::to_vec(&manifest).unwrap(),
-        );
+        let mut desc = image_manifest(&oci, std::slice::from_ref(&layer), &cmd, "");
         desc["platform"] = serde_json::json!({ "architecture": "amd64", "os": "linux" });
         desc["annotations"] = serde_json::json!({
             "io.containerd.image.name": name,

@@ -27,7 +27,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::containerd::go_peers_bin;
+use crate::{
+    containerd::go_peers_bin,
+    cri::{LAYER_TAR, blob, image_manifest},
+};
 
 /// One stand-in image: its name under the registry prefix (with its tag),
 /// the `User` and `Cmd` of its config, and files added over busybox.
@@ -255,15 +258,9 @@ fn busybox_hardlinked(dir: &Path) {
     std::fs::set_permissions(&ipcs, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// A command's stdout; panics, with its output, when it fails.
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.stdin(Stdio::null()).output().expect("run command");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&crate::cri::run(cmd).stdout).into_owned()
 }
 
 /// `tar` of `dir` (numeric root ownership) into `out`.
@@ -274,16 +271,6 @@ fn tar(dir: &Path, out: &Path) {
         .arg("-cf")
         .arg(out)
         .arg("."));
-}
-
-/// Writes `bytes` into the OCI layout `oci` as a blob; its descriptor.
-fn blob(oci: &Path, media_type: &str, bytes: &[u8]) -> serde_json::Value {
-    let tmp = oci.join("blob.tmp");
-    std::fs::write(&tmp, bytes).unwrap();
-    let out = run(Command::new("sha256sum").arg(&tmp));
-    let digest = out.split_whitespace().next().expect("sha256sum output").to_string();
-    std::fs::rename(&tmp, oci.join("blobs/sha256").join(&digest)).unwrap();
-    serde_json::json!({ "mediaType": media_type, "digest": format!("sha256:{digest}"), "size": bytes.len() })
 }
 
 /// Builds each stand-in as an OCI image layout of its own under `dir`
@@ -311,37 +298,11 @@ pub fn build_layouts(dir: &Path, images: &[StandIn]) -> Vec<(String, PathBuf)> {
             }
             let files_tar = dir.join(format!("files-{i}.tar"));
             tar(&files, &files_tar);
-            let layer_type = "application/vnd.oci.image.layer.v1.tar";
             let layers = [
-                blob(&oci, layer_type, &base),
-                blob(&oci, layer_type, &std::fs::read(&files_tar).unwrap()),
+                blob(&oci, LAYER_TAR, &base),
+                blob(&oci, LAYER_TAR, &std::fs::read(&files_tar).unwrap()),
             ];
-            let config = serde_json::json!({
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {
-                    "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                    "Cmd": image.cmd,
-                    "User": image.user,
-                },
-                "rootfs": { "type": "layers", "diff_ids": [layers[0]["digest"], layers[1]["digest"]] },
-            });
-            let config = blob(
-                &oci,
-                "application/vnd.oci.image.config.v1+json",
-                &serde_json::to_vec(&config).unwrap(),
-            );
-            let manifest = serde_json::json!({
-                "schemaVersion": 2,
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": config,
-                "layers": layers,
-            });
-            let desc = blob(
-                &oci,
-                "application/vnd.oci.image.manifest.v1+json",
-                &serde_json::to_vec(&manifest).unwrap(),
-            );
+            let desc = image_manifest(&oci, &layers, image.cmd, image.user);
             let index = serde_json::json!({ "schemaVersion": 2, "manifests": [desc] });
             std::fs::write(oci.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
             std::fs::write(oci.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
