@@ -265,8 +265,18 @@ fn run(cmd: &mut Command) -> String {
 
 /// `tar` of `dir` (numeric root ownership) into `out`.
 fn tar(dir: &Path, out: &Path) {
+    // The same files give the same bytes whenever they were written: the
+    // three `test-image-tags` must be one image (one layer digest), which
+    // differing mtimes broke whenever their files straddled a second.
     run(Command::new("tar")
-        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+        .args([
+            "--numeric-owner",
+            "--owner=0",
+            "--group=0",
+            "--mtime=@0",
+            "--sort=name",
+            "-C",
+        ])
         .arg(dir)
         .arg("-cf")
         .arg(out)
