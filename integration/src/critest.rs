@@ -38,7 +38,7 @@ pub struct StandIn {
     /// `<path>:<tag>` in the registry: the image's name without its
     /// registry's host (`registry.k8s.io`, `gcr.io`, `k8s.gcr.io`), which the
     /// mirror serves under one.
-    pub name: &'static str,
+    pub name: String,
     /// The config's `User` (empty: root).
     pub user: &'static str,
     /// The config's `Cmd`.
@@ -115,46 +115,45 @@ pub fn stand_ins() -> Vec<StandIn> {
     let r = "k8s-staging-cri-tools";
     let mut v = vec![
         StandIn {
-            name: "e2e-test-images/busybox:1.29-2",
+            name: "e2e-test-images/busybox:1.29-2".into(),
             user: "",
             cmd: SH,
             files: vec![],
         },
         StandIn {
-            name: "e2e-test-images/nginx:1.14-2",
+            name: "e2e-test-images/nginx:1.14-2".into(),
             user: "",
             cmd: &["/usr/sbin/nginx", "master process"],
             files: nginx(),
         },
         StandIn {
-            name: "e2e-test-images/httpd:2.4.39-4",
+            name: "e2e-test-images/httpd:2.4.39-4".into(),
             user: "",
             cmd: HTTPD,
             files: vec![text("www/index.html", INDEX)],
         },
         StandIn {
-            name: "e2e-test-images/nonewprivs:1.3",
+            name: "e2e-test-images/nonewprivs:1.3".into(),
             user: "",
             cmd: &["/effective-uid"],
             files: vec![File {
                 path: "effective-uid".into(),
-                content: std::fs::read(effective_uid()).unwrap(),
+                content: std::fs::read(peer("effective-uid")).unwrap(),
                 mode: 0o4755,
             }],
         },
         StandIn {
-            name: "pause:3.9",
+            name: "pause:3.9".into(),
             user: "",
             cmd: &["sleep", "2147483647"],
             files: vec![],
         },
     ];
-    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     // The host-network nginx listens on 12003.
     let mut hostnet = nginx();
     hostnet[0].content = NGINX.replace("${PORT:-80}", "12003").into_bytes();
     v.push(StandIn {
-        name: leak(format!("{r}/hostnet-nginx-amd64:latest")),
+        name: format!("{r}/hostnet-nginx-amd64:latest"),
         user: "",
         cmd: &["/usr/sbin/nginx", "master process"],
         files: hostnet,
@@ -166,14 +165,14 @@ pub fn stand_ins() -> Vec<StandIn> {
         ("test-image-user-username-group", "www-data:1004"),
     ] {
         v.push(StandIn {
-            name: leak(format!("{r}/{image}:latest")),
+            name: format!("{r}/{image}:latest"),
             user,
             cmd: SH,
             files: vec![],
         });
     }
     v.push(StandIn {
-        name: leak(format!("{r}/test-image-predefined-group:latest")),
+        name: format!("{r}/test-image-predefined-group:latest"),
         user: "1000",
         cmd: SH,
         files: vec![
@@ -199,7 +198,7 @@ pub fn stand_ins() -> Vec<StandIn> {
         ("test-image-tag:all", "all"),
     ] {
         v.push(StandIn {
-            name: leak(format!("{r}/{image}")),
+            name: format!("{r}/{image}"),
             user: "",
             cmd: SH,
             files: vec![text(marker, format!("{marker}\n"))],
@@ -220,10 +219,9 @@ fn nginx() -> Vec<File> {
     ]
 }
 
-/// Our `effective-uid` program (peers/cmd/effective-uid), built static
-/// with the Go peers.
-fn effective_uid() -> PathBuf {
-    let p = go_peers_bin().join("effective-uid");
+/// A program of the Go peers; panics, naming the script, when it is not built.
+fn peer(name: &str) -> PathBuf {
+    let p = go_peers_bin().join(name);
     assert!(p.exists(), "{} is missing: scripts/go-peers.sh builds it", p.display());
     p
 }
@@ -316,16 +314,9 @@ pub fn build_layouts(dir: &Path, images: &[StandIn]) -> Vec<(String, PathBuf)> {
             let index = serde_json::json!({ "schemaVersion": 2, "manifests": [desc] });
             std::fs::write(oci.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
             std::fs::write(oci.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-            (image.name.to_string(), oci)
+            (image.name.clone(), oci)
         })
         .collect()
-}
-
-/// `crane` of the Go peers.
-fn crane() -> PathBuf {
-    let p = go_peers_bin().join("crane");
-    assert!(p.exists(), "{} is missing: scripts/go-peers.sh builds it", p.display());
-    p
 }
 
 /// The registries critest's images name.
@@ -364,7 +355,7 @@ impl Registry {
     /// connections (10 s).
     pub fn start(log: &Path) -> Registry {
         let addr = format!("127.0.0.1:{}", crate::free_port());
-        let child = Command::new(crane())
+        let child = Command::new(peer("crane"))
             .args(["registry", "serve", "--address", &addr])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(log).unwrap())
@@ -387,7 +378,7 @@ impl Registry {
 
     /// `crane push` of the layout as `<addr>/<name>`.
     pub fn push(&self, layout: &Path, name: &str) {
-        run(Command::new(crane())
+        run(Command::new(peer("crane"))
             .args(["push", "--insecure"])
             .arg(layout)
             .arg(format!("{}/{name}", self.addr)));
@@ -499,7 +490,7 @@ pub const NODES: u32 = 3;
 /// its report. critest's own output goes to
 /// `<dir>/critest-<handler>.log`.
 pub fn run_critest(r: &Run<'_>) -> Outcome {
-    let critest = go_peers_bin().join("critest");
+    let critest = peer("critest");
     assert!(
         critest.exists(),
         "{} is missing: scripts/go-peers.sh builds it",
